@@ -1,0 +1,538 @@
+"""Start real ranks from a notebook cell: ``lu.launch(fn, *args, world_size=2)``.
+
+Used by every lab, first in ``01_introduction``. How it works:
+
+* Processes come from a multiprocessing *forkserver* that has already imported torch and
+  labutils, so a warm launch costs a ``fork()`` (milliseconds) instead of a fresh interpreter
+  importing torch (seconds). The kernel itself is never forked (it is multi-threaded, and may
+  hold a CUDA context); the forkserver never touches CUDA.
+* ``fn`` travels by value with cloudpickle, so functions defined in a notebook cell work.
+* Rendezvous: the caller holds a ``TCPStore`` on port 0 (the OS picks a free port, no race)
+  and every launch uses a fresh random key prefix, so two kernels (or two launches) never
+  join each other's job.
+* Each rank's stdout and stderr go through a pipe to the caller, prefixed ``[rank N]``.
+  Rank 0 is shown live; the other ranks are shown after it, in rank order, so the output of a
+  cell is the same on every run.
+* Failures come back as ``WorkerError`` (an exception in a rank, or a rank that died) or
+  ``LaunchTimeout`` (with the Python stack where each rank is stuck); the other ranks are
+  ended. An interrupt ends every rank; ranks die with the kernel (parent-death signal).
+"""
+from __future__ import annotations
+
+import faulthandler
+import multiprocessing as mp
+import multiprocessing.connection as mpc
+import os
+import pickle
+import re
+import secrets
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import warnings
+from datetime import timedelta
+
+import cloudpickle
+
+BACKENDS = ("auto", "gloo", "nccl")
+
+
+class WorkerError(RuntimeError):
+    """A rank raised or died. ``str(e)`` starts with ``rank N: ExcType: message``."""
+
+    def __init__(self, message, rank=None, exitcode=None, remote_traceback=""):
+        super().__init__(message)
+        self.rank = rank
+        self.exitcode = exitcode
+        self.remote_traceback = remote_traceback
+
+
+class LaunchTimeout(TimeoutError, WorkerError):
+    """The launch ran past ``timeout``; ``.stacks`` maps each stuck rank to its Python stack."""
+
+    def __init__(self, message, rank=None, stacks=None):
+        WorkerError.__init__(self, message, rank=rank,
+                             remote_traceback="\n".join((stacks or {}).values()))
+        self.stacks = stacks or {}
+
+
+class LaunchStopped(WorkerError):
+    """The launch was ended from outside (``stop_all()``, e.g. a panel's Stop button)."""
+
+
+# ----------------------------------------------------------------------------------------
+# Input checks: refuse bad input before any process starts, and say what to do instead.
+
+def _cpu_count():
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def _cuda_device_count():
+    import torch
+    # device_count() asks NVML/the driver without creating a CUDA context, so the kernel
+    # stays fork-safe; the forkserver never calls it.
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _check_inputs(fn, world_size, backend, timeout, threads_per_rank):
+    if not callable(fn):
+        raise TypeError(f"fn must be a function called as fn(rank, world_size, ...); "
+                        f"got {type(fn).__name__}")
+    if isinstance(world_size, bool) or not isinstance(world_size, int):
+        raise TypeError(f"world_size must be an int >= 1 (e.g. world_size=2); "
+                        f"got {world_size!r} of type {type(world_size).__name__}")
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1; got {world_size}")
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
+    if not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise ValueError(f"timeout must be a positive number of seconds; got {timeout!r}")
+    if threads_per_rank is not None and (not isinstance(threads_per_rank, int)
+                                         or threads_per_rank < 1):
+        raise ValueError(f"threads_per_rank must be None or an int >= 1; got {threads_per_rank!r}")
+    if backend == "nccl":
+        found = _cuda_device_count()
+        if found < world_size:
+            raise ValueError(f"backend='nccl' needs one CUDA device per rank: world_size="
+                             f"{world_size} but {found} found; use backend='gloo' (or 'auto')")
+
+
+def resolve_backend(backend, world_size):
+    """'auto' means nccl when every rank can have its own GPU, gloo otherwise."""
+    if backend != "auto":
+        return backend
+    return "nccl" if _cuda_device_count() >= world_size else "gloo"
+
+
+# ----------------------------------------------------------------------------------------
+# Worker side: runs in each rank's process.
+
+_PROGRESS_CONN = None  # set in rank 0 so progress() can reach the caller
+
+
+def progress(n, total, desc=""):
+    """Report progress from a worker; rank 0's reports drive a progress bar in the caller."""
+    if _PROGRESS_CONN is not None:
+        _PROGRESS_CONN.send_bytes(pickle.dumps(("progress", int(n), int(total), str(desc))))
+
+
+def _die_with(launcher_pid):
+    """End this rank when its parent (the forkserver, which ends with the kernel) goes."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    parent = os.getppid()
+
+    def watch():  # portable fallback (macOS has no parent-death signal)
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != parent:
+                os._exit(1)
+            try:
+                os.kill(launcher_pid, 0)
+            except ProcessLookupError:
+                os._exit(1)
+            except PermissionError:
+                pass
+    if not sys.platform.startswith("linux"):
+        threading.Thread(target=watch, daemon=True).start()
+
+
+def _worker(rank, world_size, payload, port, prefix, backend, threads, out_w, res_w,
+            stack_path, launcher_pid, timeout):
+    global _PROGRESS_CONN
+    # Everything the rank prints (Python and C++) goes to the caller through this pipe.
+    os.dup2(out_w.fileno(), 1)
+    os.dup2(out_w.fileno(), 2)
+    out_w.close()
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    _die_with(launcher_pid)
+    # On SIGUSR1 (sent at a timeout) write every thread's Python stack, even when the rank
+    # is blocked inside a C++ collective and could not run a Python signal handler.
+    stack_file = open(stack_path, "w")
+    stack_file.write(f"MAIN 0x{threading.main_thread().ident:016x}\n")
+    stack_file.flush()
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    if sys.platform.startswith("linux"):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # keep gloo's traffic on loopback
+    elif sys.platform == "darwin":
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo0")
+    if rank == 0:
+        _PROGRESS_CONN = res_w
+    import torch
+    import torch.distributed as dist
+    torch.set_num_threads(threads)
+    started = False
+    try:
+        store = dist.TCPStore("127.0.0.1", port, is_master=False,
+                              timeout=timedelta(seconds=timeout))
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+        dist.init_process_group(backend, store=dist.PrefixStore(prefix, store), rank=rank,
+                                world_size=world_size, timeout=timedelta(seconds=timeout))
+        started = True
+        fn, args, kwargs = cloudpickle.loads(payload)
+        result = fn(rank, world_size, *args, **kwargs)
+        try:
+            message = pickle.dumps(("ok", result))  # by value: no fd sharing that dies with us
+        except Exception as e:  # noqa: BLE001 - report what could not be pickled
+            raise TypeError(f"rank {rank} returned a value that cannot be sent back "
+                            f"({type(result).__name__}): {e}") from None
+        sys.stdout.flush(), sys.stderr.flush()
+        res_w.send_bytes(message)
+        dist.destroy_process_group()
+    except BaseException as e:  # noqa: BLE001 - every failure goes back to the caller
+        sys.stdout.flush(), sys.stderr.flush()
+        # Trim the launcher's own frames so the traceback starts at the learner's code.
+        tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+        res_w.send_bytes(pickle.dumps(("error", time.time(), type(e).__name__,
+                                       str(e).strip(), tb, started)))
+        os._exit(1)  # skip destroy_process_group: peers may be gone and it could block
+
+
+# ----------------------------------------------------------------------------------------
+# Caller side.
+
+_ACTIVE = set()            # jobs now running, for stop_all()
+_ACTIVE_LOCK = threading.Lock()
+_local = threading.local()  # per-thread output sink (panels run launches in a thread)
+
+
+def stop_all():
+    """End every launch now running in this process (safe to call from any thread)."""
+    with _ACTIVE_LOCK:
+        for job in list(_ACTIVE):
+            job.stop_requested = True
+
+
+class output_to:
+    """Context manager: send rank output lines and progress of launches in this thread to
+    ``write(line)`` and ``on_progress(n, total, desc)`` instead of stdout and a tqdm bar."""
+
+    def __init__(self, write, on_progress=None):
+        self.write, self.on_progress = write, on_progress
+
+    def __enter__(self):
+        self.saved = getattr(_local, "sink", None)
+        _local.sink = self
+        return self
+
+    def __exit__(self, *exc):
+        _local.sink = self.saved
+
+
+def _context():
+    method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+    ctx = mp.get_context(method)
+    if method == "forkserver":
+        # Imported once by the forkserver, then inherited by every fork: the warm path.
+        ctx.set_forkserver_preload(["labutils._preload"])
+    return ctx
+
+
+_CTX = None
+
+
+def warmup():
+    """Start the forkserver now (it imports torch once) so the first launch is fast too."""
+    global _CTX
+    if _CTX is None:
+        _CTX = _context()
+        if _CTX.get_start_method() == "forkserver":
+            from multiprocessing import forkserver
+            forkserver.ensure_running()
+    return _CTX
+
+
+def _describe_exit(rank, code):
+    if code is None:
+        return f"rank {rank}: process ended without an exit status"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = str(-code)
+        return f"rank {rank}: process killed by signal {name}"
+    return f"rank {rank}: process exited with code {code} without returning a result"
+
+
+_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
+
+
+def _main_stack(text):
+    """Frames (file, line, function) of the main thread, innermost first, from faulthandler."""
+    lines = text.splitlines()
+    main = lines[0].split()[1] if lines and lines[0].startswith("MAIN") else None
+    blocks, current = {}, None
+    for line in lines[1:]:
+        if "(most recent call first)" in line:
+            current = line.split()[-4] if line.startswith("Current") else line.split()[1]
+            blocks[current] = []
+        elif current is not None and (m := _FRAME.match(line)):
+            blocks[current].append((m.group(1), int(m.group(2)), m.group(3)))
+    return blocks.get(main) or next(iter(blocks.values()), [])
+
+
+def _summarise_stack(frames):
+    """'waiting in dist.recv, line 12 of fn' from the innermost frames."""
+    if not frames:
+        return "no Python stack could be read"
+    here = os.path.dirname(os.path.abspath(__file__))
+    user = next(((f, n, fn) for f, n, fn in frames
+                 if "site-packages" not in f and not f.startswith(sys.prefix)
+                 and os.path.join("multiprocessing", "") not in f
+                 and not f.startswith(os.path.join(here, "launcher"))), None)
+    inner_file, _, inner_fn = frames[0]
+    if os.path.join("torch", "distributed") in inner_file:
+        what = f"waiting in dist.{inner_fn}"
+    elif user is not None and frames[0] == user:
+        what = "running"
+    else:
+        what = f"in {inner_fn}"
+    if user is not None:
+        return f"{what}, line {user[1]} of {user[2]}"
+    return what
+
+
+class _Job:
+    def __init__(self, fn, args, kwargs, world_size, backend, timeout, threads):
+        self.world_size, self.backend, self.timeout, self.threads = (
+            world_size, backend, timeout, threads)
+        try:
+            self.payload = cloudpickle.dumps((fn, args, kwargs))
+        except Exception as e:  # noqa: BLE001
+            raise TypeError(f"could not send fn and its arguments to the ranks ({e}); pass "
+                            f"plain values (numbers, tensors, lists) or build objects inside fn")
+        self.stop_requested = False
+        self.sink = getattr(_local, "sink", None)
+        self.partial = [b""] * world_size
+        self.held = [[] for _ in range(world_size)]  # ranks > 0: shown after rank 0
+        self.bar = None
+
+    # -- output --------------------------------------------------------------------------
+    def _emit(self, rank, line):
+        text = f"[rank {rank}] {line}"
+        if self.sink is not None:
+            self.sink.write(text)
+        else:
+            sys.stdout.write(text + "\n")
+            sys.stdout.flush()
+
+    def _feed(self, rank, data):
+        buf = self.partial[rank] + data
+        *lines, self.partial[rank] = buf.split(b"\n")
+        for raw in lines:
+            line = raw.decode("utf-8", "replace").rstrip("\r")
+            if "\r" in line:  # a progress bar redrawn in place: keep its last state
+                line = line.rsplit("\r", 1)[-1]
+            if rank == 0:
+                self._emit(0, line)
+            else:
+                self.held[rank].append(line)
+
+    def _flush_output(self):
+        for rank in range(self.world_size):
+            if self.partial[rank]:
+                self._feed(rank, b"\n")
+        for rank in range(1, self.world_size):
+            for line in self.held[rank]:
+                self._emit(rank, line)
+            self.held[rank] = []
+
+    def _progress(self, n, total, desc):
+        if self.sink is not None and self.sink.on_progress is not None:
+            self.sink.on_progress(n, total, desc)
+            return
+        if self.bar is None:
+            from tqdm.auto import tqdm
+            self.bar = tqdm(total=total, desc=desc or "rank 0", leave=False)
+        self.bar.total = total
+        self.bar.update(n - self.bar.n)
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def run(self):
+        import torch.distributed as dist
+        ctx = warmup()
+        store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                              timeout=timedelta(seconds=self.timeout))
+        prefix = "lu-" + secrets.token_hex(8)  # a job nobody else can join by accident
+        self.tmp = tempfile.mkdtemp(prefix="lu-launch-")
+        self.procs, self.outs, self.results = [], {}, {}  # results: rank -> open pipe
+        conns = []
+        with _ACTIVE_LOCK:
+            _ACTIVE.add(self)
+        try:
+            for rank in range(self.world_size):
+                out_r, out_w = ctx.Pipe(duplex=False)
+                res_r, res_w = ctx.Pipe(duplex=False)
+                p = ctx.Process(
+                    target=_worker, name=f"lu-rank{rank}", daemon=True,
+                    args=(rank, self.world_size, self.payload, store.port, prefix,
+                          self.backend, self.threads, out_w, res_w, self._stack_path(rank),
+                          os.getpid(), self.timeout))
+                p.start()
+                out_w.close(), res_w.close()
+                self.procs.append(p)
+                self.outs[rank] = out_r
+                self.results[rank] = res_r
+                conns += [out_r, res_r]
+            return self._wait()
+        finally:
+            self._end_all()
+            if self.bar is not None:
+                self.bar.close()
+            self._flush_output()
+            for conn in conns:
+                conn.close()
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            with _ACTIVE_LOCK:
+                _ACTIVE.discard(self)
+            del store
+
+    def _stack_path(self, rank):
+        return os.path.join(self.tmp, f"stack-{rank}.txt")
+
+    def _wait(self):
+        deadline = time.monotonic() + self.timeout
+        values, errors, exited = {}, [], {}
+        by_conn = {}
+        for rank in range(self.world_size):
+            by_conn[self.outs[rank]] = ("out", rank)
+            by_conn[self.results[rank]] = ("res", rank)
+            by_conn[self.procs[rank].sentinel] = ("exit", rank)
+        problem_since = None
+        while True:
+            done = [r for r in range(self.world_size) if r in exited and r not in self.results]
+            if len(values) == self.world_size and len(done) == self.world_size:
+                return [values[r] for r in range(self.world_size)]
+            errored = {e[1] for e in errors}
+            dead = [r for r in done if r not in values and r not in errored]
+            if (errors or dead) and problem_since is None:
+                problem_since = time.monotonic()
+            if problem_since is not None and (time.monotonic() - problem_since > 0.2
+                                              or len(done) == self.world_size):
+                # Grace period over. A rank that died without a word is the cause; else the
+                # earliest exception is, later ones are peers losing their connection to it.
+                if dead:
+                    raise WorkerError(_describe_exit(dead[0], exited[dead[0]]),
+                                      rank=dead[0], exitcode=exited[dead[0]])
+                _, rank, name, msg, tb, _ = min(errors, key=lambda e: (e[0], e[1]))
+                raise WorkerError(f"rank {rank}: {name}: {msg}", rank=rank, exitcode=1,
+                                  remote_traceback=tb)
+            if self.stop_requested:
+                raise LaunchStopped("launch stopped; every rank was ended")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise self._timeout_error([r for r in range(self.world_size)
+                                           if r not in values])
+            ready = mpc.wait(list(by_conn), timeout=min(remaining, 0.1))
+            # Read output and results before exits, so nothing a rank sent is lost.
+            ready.sort(key=lambda c: ["out", "res", "exit"].index(by_conn[c][0]))
+            for conn in ready:
+                if conn not in by_conn:  # already drained after its rank exited
+                    continue
+                kind, rank = by_conn[conn]
+                if kind == "out":
+                    data = os.read(conn.fileno(), 1 << 16)
+                    if data:
+                        self._feed(rank, data)
+                    else:
+                        del by_conn[conn]
+                elif kind == "res":
+                    self._read_results(rank, conn, by_conn, values, errors)
+                else:
+                    self.procs[rank].join()
+                    exited[rank] = self.procs[rank].exitcode
+                    del by_conn[conn]
+                    # drain what the rank wrote just before it exited
+                    out = self.outs[rank]
+                    while out in by_conn and out.poll(0):
+                        data = os.read(out.fileno(), 1 << 16)
+                        if not data:
+                            del by_conn[out]
+                            break
+                        self._feed(rank, data)
+                    res = self.results.get(rank)
+                    if res is not None and res in by_conn:
+                        self._read_results(rank, res, by_conn, values, errors)
+
+    def _read_results(self, rank, conn, by_conn, values, errors):
+        while conn in by_conn and conn.poll(0):
+            try:
+                message = pickle.loads(conn.recv_bytes())
+            except (EOFError, OSError):
+                del by_conn[conn]
+                self.results.pop(rank, None)
+                conn.close()
+                return
+            if message[0] == "ok":
+                values[rank] = message[1]
+            elif message[0] == "progress":
+                self._progress(*message[1:])
+            else:
+                errors.append(message[1:2] + (rank,) + message[2:])
+
+    def _timeout_error(self, stuck):
+        for r in stuck:
+            if self.procs[r].is_alive():
+                try:
+                    os.kill(self.procs[r].pid, signal.SIGUSR1)
+                except ProcessLookupError:
+                    pass
+        time.sleep(0.3)  # let faulthandler write
+        stacks, parts = {}, []
+        for r in stuck:
+            try:
+                with open(self._stack_path(r)) as f:
+                    text = f.read()
+            except OSError:
+                text = ""
+            stacks[r] = text.split("\n", 1)[1] if "\n" in text else text
+            parts.append(f"rank {r} {_summarise_stack(_main_stack(text))}")
+        return LaunchTimeout(f"launch timed out after {self.timeout:g} s; still running: "
+                             + "; ".join(parts), rank=stuck[0] if stuck else None,
+                             stacks=stacks)
+
+    def _end_all(self):
+        """SIGTERM every rank still alive, SIGKILL after 1 s, and reap them all."""
+        alive = [p for p in self.procs if p.is_alive()]
+        for p in alive:
+            p.terminate()
+        deadline = time.monotonic() + 1.0
+        for p in alive:
+            p.join(max(0.0, deadline - time.monotonic()))
+        for p in alive:
+            if p.is_alive():
+                p.kill()
+                p.join()
+        for p in self.procs:
+            p.join(0)
+            p.close()
+
+
+def launch(fn, *args, world_size=2, backend="auto", timeout=120.0, threads_per_rank=None,
+           **kwargs):
+    """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` real processes.
+
+    Each process has a ``torch.distributed`` process group (gloo on CPU, nccl when
+    ``backend="auto"`` and every rank can have its own GPU, rank r on ``cuda:r``).
+    Returns the ranks' return values as a list indexed by rank.
+    """
+    _check_inputs(fn, world_size, backend, timeout, threads_per_rank)
+    backend = resolve_backend(backend, world_size)
+    cores = _cpu_count()
+    if world_size > cores:
+        warnings.warn(f"{world_size} ranks on {cores} cores: ranks will share cores "
+                      f"(oversubscription), so timings will be slower than with "
+                      f"{cores} ranks", stacklevel=2)
+    threads = threads_per_rank or max(1, cores // world_size)
+    return _Job(fn, args, kwargs, world_size, backend, float(timeout), threads).run()
