@@ -1,0 +1,95 @@
+"""Tests of labutils.costmodel: closed forms, the fit, emulated links, step-time models."""
+import math
+
+import numpy as np
+import pytest
+
+import labutils as lu
+from labutils import costmodel as cm
+
+pytestmark = pytest.mark.lab07
+
+A, B = 3e-5, 1e-9  # 30 us per step, 1 GB/s
+MiB = 1 << 20
+
+
+# ---- closed forms ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("p", [2, 3, 4, 8, 64])
+def test_ring_allreduce_is_the_closed_form(p):
+    n = 4 * MiB
+    assert cm.allreduce_time(n, p, A, B) == pytest.approx(2 * (p - 1) * A + 2 * (p - 1) / p * n * B)
+
+
+@pytest.mark.parametrize("p", [2, 4, 8, 64])
+def test_tree_and_recursive_forms(p):
+    n, L = 4 * MiB, math.log2(p)
+    assert cm.allreduce_time(n, p, A, B, "tree") == pytest.approx(2 * L * (A + n * B))
+    assert cm.allreduce_time(n, p, A, B, "recursive_doubling") == pytest.approx(L * (A + n * B))
+    assert cm.allreduce_time(n, p, A, B, "halving_doubling") == pytest.approx(
+        2 * L * A + 2 * (p - 1) / p * n * B)
+    assert cm.reduce_scatter_time(n, p, A, B) == pytest.approx((p - 1) * (A + n / p * B))
+    assert cm.all_gather_time(n, p, A, B) == pytest.approx((p - 1) * (A + n / p * B))
+    assert cm.all_gather_time(n, p, A, B, "recursive_doubling") == pytest.approx(
+        L * A + (p - 1) / p * n * B)
+    assert cm.broadcast_time(n, p, A, B, "tree") == pytest.approx(L * (A + n * B))
+    assert cm.send_recv_time(n, p, A, B) == pytest.approx(A + n * B)
+
+
+def test_ring_allreduce_is_reduce_scatter_plus_all_gather():
+    for p in (2, 5, 16):
+        rs_ag = cm.reduce_scatter_time(MiB, p, A, B) + cm.all_gather_time(MiB, p, A, B)
+        assert cm.allreduce_time(MiB, p, A, B) == pytest.approx(rs_ag)
+
+
+def test_one_rank_costs_nothing_and_arrays_broadcast():
+    for op in ("allreduce", "reduce_scatter", "all_gather", "broadcast"):
+        assert cm.collective_time(op, MiB, 1, A, B) == 0.0
+    t = cm.allreduce_time(np.array([1, 2, 4]) * MiB, 4, A, B)
+    assert t.shape == (3,) and np.all(np.diff(t) > 0)
+
+
+def test_non_power_of_two_rounds_log_up():
+    assert cm.allreduce_time(0, 5, A, B, "recursive_doubling") == pytest.approx(3 * A)
+
+
+def test_bad_input_names_the_fix():
+    with pytest.raises(ValueError, match="use one of"):
+        cm.allreduce_time(MiB, 2, A, B, algorithm="butterfly")
+    with pytest.raises(ValueError, match="world_size"):
+        cm.allreduce_time(MiB, 0, A, B)
+    with pytest.raises(ValueError, match="nbytes"):
+        cm.allreduce_time(-1, 2, A, B)
+
+
+# ---- fit -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("algorithm", ["ring", "tree", "halving_doubling"])
+def test_fit_recovers_alpha_beta_from_exact_times(algorithm):
+    sizes = [1 << k for k in range(10, 27, 2)]
+    times = [cm.allreduce_time(n, 4, A, B, algorithm) for n in sizes]
+    alpha, beta = cm.fit(sizes, times, 4, algorithm)
+    assert alpha == pytest.approx(A, rel=1e-6) and beta == pytest.approx(B, rel=1e-6)
+
+
+def test_fit_is_robust_to_noise_and_accepts_stats_and_mixed_world_sizes():
+    rng = np.random.default_rng(0)
+    sizes = np.repeat([1 << k for k in range(10, 27, 2)], 2)
+    ps = np.tile([2, 4], len(sizes) // 2)
+    times = cm.allreduce_time(sizes, ps, A, B) * rng.uniform(0.95, 1.05, len(sizes))
+    stats = [lu.timing.Stats.of([t, t * 1.01, t * 0.99]) for t in times]
+    alpha, beta = cm.fit(sizes, stats, ps)
+    assert alpha == pytest.approx(A, rel=0.15) and beta == pytest.approx(B, rel=0.05)
+
+
+def test_fit_keeps_parameters_non_negative():
+    sizes = [MiB, 2 * MiB, 4 * MiB]
+    alpha, beta = cm.fit(sizes, [1e-3 * s / MiB - 5e-4 for s in sizes], 2)  # would be alpha<0
+    assert alpha >= 0 and beta > 0
+
+
+def test_fit_refuses_bad_input():
+    with pytest.raises(ValueError, match="equal-length"):
+        cm.fit([1, 2, 3], [1.0, 2.0], 2)
+    with pytest.raises(ValueError, match=">= 2 ranks"):
+        cm.fit([1, 2], [1.0, 2.0], 1)
