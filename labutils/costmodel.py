@@ -28,7 +28,12 @@ with p = world_size, L = ceil(log2 p). Every collective costs 0 when p = 1.
 """
 from __future__ import annotations
 
+import contextlib
+import inspect
 import math
+import threading
+import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -164,3 +169,217 @@ def fit(nbytes, seconds, world_size, algorithm="ring", op="allreduce", relative=
 def bandwidth(beta):
     """Bytes per second of a link whose inverse bandwidth is ``beta`` (s/B)."""
     return math.inf if beta == 0 else 1.0 / beta
+
+
+# ---- named links ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Link:
+    """A network tier: ``bandwidth`` in bytes/s per direction, ``latency`` in s per message."""
+    name: str
+    bandwidth: float
+    latency: float
+    note: str = ""
+
+    @property
+    def alpha(self):
+        return self.latency
+
+    @property
+    def beta(self):
+        return 1.0 / self.bandwidth
+
+
+# Line rates are the standards' (1 Gb/s = 125e6 B/s); latencies are typical small-message
+# figures for the stack named (assumed round numbers, not measured here).
+LINKS = {link.name: link for link in (
+    Link("1GbE", 125e6, 50e-6, "Gigabit Ethernet, TCP"),
+    Link("10GbE", 1.25e9, 20e-6, "10 Gigabit Ethernet, TCP"),
+    Link("25GbE", 3.125e9, 10e-6, "25 Gigabit Ethernet, TCP"),
+    Link("100Gb-IB", 12.5e9, 5e-6, "EDR InfiniBand, one adapter"),
+    Link("200Gb-IB", 25e9, 5e-6, "HDR InfiniBand, one adapter per GPU (DGX A100)"),
+    Link("PCIe4", 25e9, 5e-6, "PCIe 4.0 x16, GPU to GPU through the host"),
+    Link("NVLink-V100", 150e9, 3e-6, "V100 NVLink2/NVSwitch, 150 GB/s each way"),
+    Link("NVLink", 300e9, 3e-6, "A100 NVLink3/NVSwitch, 300 GB/s each way"),
+)}
+
+
+def get_link(link):
+    """A ``Link`` from a name in ``LINKS``, a ``Link``, or an ``(alpha, beta)`` pair."""
+    if isinstance(link, Link):
+        return link
+    if isinstance(link, str):
+        if link not in LINKS:
+            raise ValueError(f"unknown link {link!r}; use one of {', '.join(LINKS)}, a "
+                             f"costmodel.Link(name, bandwidth, latency) or an (alpha, beta) pair")
+        return LINKS[link]
+    if isinstance(link, (tuple, list)) and len(link) == 2:
+        alpha, beta = (float(x) for x in link)
+        if alpha < 0 or beta <= 0:
+            raise ValueError(f"(alpha, beta) must have alpha >= 0 and beta > 0; got {link!r}")
+        return Link(f"fitted ({alpha * 1e6:.3g} us, {1e-9 / beta:.3g} GB/s)", 1 / beta, alpha)
+    raise TypeError(f"link must be a name ({', '.join(LINKS)}), a Link or (alpha, beta); "
+                    f"got {link!r}")
+
+
+# ---- emulated links: each collective takes the time the model gives for the link ---------
+#
+# A laptop's loopback is faster than any cluster network, so on 2 cores communication looks
+# free. Emulation runs the real collective (results unchanged), then waits out the difference
+# to the time the alpha-beta model gives on the chosen link. Like a real link, it carries one
+# collective at a time: each one starts when the previous has finished (``_LinkClock``).
+
+class _LinkClock:
+    """When this process's emulated link is next free (collectives on it are serial)."""
+
+    def __init__(self):
+        self.free_at = 0.0
+        self.lock = threading.Lock()
+
+    def reserve(self, seconds, issued):
+        with self.lock:
+            self.free_at = max(issued, self.free_at) + seconds
+            return self.free_at
+
+
+def _wait_until(deadline):
+    while (left := deadline - time.perf_counter()) > 0:
+        time.sleep(left)
+
+
+def _nbytes(t):
+    return t.numel() * t.element_size()
+
+
+# collective -> (model op, bytes that op moves, from its bound arguments)
+_PATCHED = {
+    "all_reduce": ("allreduce", lambda a: _nbytes(a["tensor"])),
+    "broadcast": ("broadcast", lambda a: _nbytes(a["tensor"])),
+    "reduce_scatter_tensor": ("reduce_scatter", lambda a: _nbytes(a["input"])),
+    "all_gather_into_tensor": ("all_gather", lambda a: _nbytes(a["output_tensor"])),
+    "all_gather": ("all_gather", lambda a: sum(_nbytes(t) for t in a["tensor_list"])),
+    "reduce_scatter": ("reduce_scatter", lambda a: sum(_nbytes(t) for t in a["input_list"])),
+    "send": ("send_recv", lambda a: _nbytes(a["tensor"])),
+    "recv": ("send_recv", lambda a: _nbytes(a["tensor"])),
+    "isend": ("send_recv", lambda a: _nbytes(a["tensor"])),
+    "irecv": ("send_recv", lambda a: _nbytes(a["tensor"])),
+}
+
+
+class _EmulatedWork:
+    """An async handle whose ``wait()`` also waits for the emulated link."""
+
+    def __init__(self, work, finish):
+        self.work, self.finish = work, finish
+
+    def wait(self, *args, **kwargs):
+        out = self.work.wait(*args, **kwargs)
+        _wait_until(self.finish)
+        return out
+
+    def is_completed(self):
+        return self.work.is_completed() and time.perf_counter() >= self.finish
+
+    def get_future(self):
+        finish = self.finish
+        return self.work.get_future().then(lambda f: (_wait_until(finish), f.value())[1])
+
+    def __getattr__(self, name):
+        return getattr(self.work, name)
+
+
+class emulate(contextlib.ContextDecorator):
+    """Inside a rank: ``with lu.costmodel.emulate("10GbE"):`` slows every ``dist.<collective>``
+    (all_reduce, broadcast, reduce_scatter(_tensor), all_gather(_into_tensor), send/recv,
+    isend/irecv) to the time the model gives on ``link``; results are unchanged.
+
+    ``link``: a name in ``LINKS``, a ``Link``, or a fitted ``(alpha, beta)``. Code must call
+    ``dist.all_reduce(...)`` through the module (as BucketedDDP and the collectives labs do);
+    PyTorch's DDP calls C++ directly, so give it ``emulated_allreduce_hook`` instead. Where
+    the real operation is already slower than the model (a link faster than this machine), it
+    cannot be sped up: ``.log`` records both times so that case is visible.
+    """
+
+    def __init__(self, link="10GbE", algorithm="ring"):
+        self.link = get_link(link)
+        _check(0, 1, algorithm)
+        self.algorithm = algorithm
+        self.clock = _LinkClock()
+        self.log = []  # (collective, nbytes, world_size, modelled s, real s)
+        self._saved = {}
+
+    def modelled(self, op, nbytes, world_size):
+        return collective_time(op, nbytes, world_size, self.link.alpha, self.link.beta,
+                               self.algorithm)
+
+    def _wrap(self, name, original):
+        import torch.distributed as dist
+        op, count = _PATCHED[name]
+        signature = inspect.signature(original)
+
+        def emulated(*args, **kwargs):
+            bound = signature.bind(*args, **kwargs)
+            group = bound.arguments.get("group")
+            world_size = dist.get_world_size(group)
+            nbytes = count(bound.arguments)
+            model = self.modelled(op, nbytes, world_size)
+            issued = time.perf_counter()
+            out = original(*args, **kwargs)
+            finish = self.clock.reserve(model, issued)
+            if len(self.log) < 10_000:
+                self.log.append((name, nbytes, world_size, model,
+                                 time.perf_counter() - issued))
+            if out is not None and hasattr(out, "wait"):  # async_op=True, isend, irecv
+                return _EmulatedWork(out, finish)
+            _wait_until(finish)
+            return out
+        emulated.__wrapped__ = original
+        return emulated
+
+    def __enter__(self):
+        import torch.distributed as dist
+        for name in _PATCHED:
+            original = getattr(dist, name)
+            self._saved[name] = original
+            setattr(dist, name, self._wrap(name, original))
+        return self
+
+    def __exit__(self, *exc):
+        import torch.distributed as dist
+        for name, original in self._saved.items():
+            setattr(dist, name, original)
+        self._saved = {}
+        return False
+
+
+def emulated_allreduce_hook(link="10GbE", algorithm="ring", compress_dtype=None):
+    """A DDP comm hook: average the bucket with all-reduce, taking ``link``'s modelled time.
+
+    ``ddp.register_comm_hook(None, lu.costmodel.emulated_allreduce_hook("10GbE"))``. With
+    ``compress_dtype=torch.bfloat16`` (or float16) the bucket travels in that dtype, so the
+    modelled time halves as the bytes do (PyTorch's bf16_compress_hook refuses CPU tensors).
+    The wait happens in the future's callback, off the main thread, so backward keeps running
+    while the bucket is "on the wire": overlap behaves as on a real link.
+    """
+    import torch.distributed as dist
+    emulator = emulate(link, algorithm)
+
+    def hook(process_group, bucket):
+        group = process_group if process_group is not None else dist.group.WORLD
+        world_size = dist.get_world_size(group)
+        buffer = bucket.buffer()
+        sent = buffer if compress_dtype is None else buffer.to(compress_dtype)
+        sent.div_(world_size)
+        issued = time.perf_counter()
+        original = getattr(dist.all_reduce, "__wrapped__", dist.all_reduce)
+        fut = original(sent, group=group, async_op=True).get_future()
+        finish = emulator.clock.reserve(
+            emulator.modelled("allreduce", _nbytes(sent), world_size), issued)
+
+        def done(f):
+            _wait_until(finish)
+            out = f.value()[0]
+            return out if compress_dtype is None else buffer.copy_(out)
+        return fut.then(done)
+    hook.emulator = emulator
+    return hook

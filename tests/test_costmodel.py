@@ -93,3 +93,110 @@ def test_fit_refuses_bad_input():
         cm.fit([1, 2, 3], [1.0, 2.0], 2)
     with pytest.raises(ValueError, match=">= 2 ranks"):
         cm.fit([1, 2], [1.0, 2.0], 1)
+
+
+# ---- emulated links --------------------------------------------------------------------------
+
+def test_links_and_bad_link_names():
+    assert cm.get_link("10GbE").bandwidth == 1.25e9
+    assert cm.get_link((1e-5, 1e-9)).beta == pytest.approx(1e-9)
+    with pytest.raises(ValueError, match="use one of"):
+        cm.get_link("carrier-pigeon")
+    with pytest.raises(ValueError, match="use one of"):
+        cm.emulate("10GbE", algorithm="hypercube")
+
+
+def _emulated_collectives(rank, world_size, repeats):
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from labutils import costmodel as cm
+    slow = cm.Link("slow", 25e6, 1e-4)  # 200 Mb/s: the wait, not this machine, dominates
+    torch.manual_seed(rank)
+    x = torch.randn(MiB // 4)  # 1 MiB of float32
+    plain = {}
+    emulated = {}
+    times = []
+    for results, ctx in ((plain, None), (emulated, cm.emulate(slow))):
+        with ctx or torch.no_grad():
+            a = x.clone()
+            dist.all_reduce(a)
+            b = x.clone()
+            dist.all_reduce(b, async_op=True).wait()
+            c = x.clone()
+            dist.broadcast(c, src=1)
+            g = torch.empty(world_size * x.numel())
+            dist.all_gather_into_tensor(g, x)
+            r = torch.empty(x.numel() // world_size)
+            dist.reduce_scatter_tensor(r, x)
+            m = x.clone()
+            if rank == 0:
+                dist.send(x, dst=1)
+            else:
+                dist.recv(m, src=0)
+            results.update(a=a, b=b, c=c, g=g, r=r, m=m)
+            if ctx is not None:
+                for _ in range(repeats):
+                    t = x.clone()
+                    dist.barrier()
+                    t0 = time.perf_counter()
+                    dist.all_reduce(t)
+                    times.append(time.perf_counter() - t0)
+                model = ctx.modelled("allreduce", x.numel() * 4, world_size)
+    return plain, emulated, times, model
+
+
+@pytest.mark.slow
+def test_emulated_collectives_give_the_same_results_and_take_the_modelled_time():
+    import statistics
+    out = lu.launch(_emulated_collectives, 5, world_size=2)
+    for plain, emulated, times, model in out:
+        for key in plain:
+            torch_testing_assert_close(emulated[key], plain[key])
+        # The emulation waits until (issue time + model), so no call can be faster than the
+        # model: that bound is exact. Above it sit the real collective when it outlasts the
+        # model, sleep overshoot and the scheduler of a shared 2-core machine, so the upper
+        # bound is generous here; the 10% figure is measured in `bench costmodel`.
+        assert min(times) >= model
+        assert statistics.median(times) < 1.5 * model
+
+
+def torch_testing_assert_close(a, b):
+    import torch
+    torch.testing.assert_close(a, b)
+
+
+def _ddp_grads(rank, world_size):
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from labutils import costmodel as cm
+    grads = {}
+    for name, link, compress in (("reference", None, None), ("emulated", "1GbE", None),
+                                 ("bf16", "1GbE", torch.bfloat16)):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(),
+                                    torch.nn.Linear(64, 4))
+        ddp = DDP(model, bucket_cap_mb=0.01)  # several buckets, so several hook calls
+        hook = cm.emulated_allreduce_hook(link or "1GbE", compress_dtype=compress)
+        if link is not None:
+            ddp.register_comm_hook(None, hook)
+        torch.manual_seed(1 + rank)
+        x, y = torch.randn(8, 32), torch.randn(8, 4)
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        grads[name] = [p.grad.clone() for p in model.parameters()]
+        grads[name + " hook used"] = hook.emulator.clock.free_at > 0
+    return grads
+
+
+@pytest.mark.slow
+def test_emulated_ddp_hook_leaves_gradients_unchanged():
+    import torch
+    for grads in lu.launch(_ddp_grads, world_size=2):
+        assert grads["emulated hook used"] and grads["bf16 hook used"]
+        assert not grads["reference hook used"]
+        for r, e, b in zip(grads["reference"], grads["emulated"], grads["bf16"]):
+            torch.testing.assert_close(e, r)
+            torch.testing.assert_close(b, r, rtol=2e-2, atol=2e-3)  # bf16 keeps 8 bits
