@@ -1,0 +1,88 @@
+"""labutils.memory: the memory formula against the measured peak of a real training step."""
+import functools
+
+import pytest
+import torch
+import torch.nn as nn
+
+from labutils import memory
+
+pytestmark = pytest.mark.lab03c
+
+# The formula's stated tolerance: measured peak within 20 % of the predicted total.
+TOLERANCE = 0.20
+
+
+def _batch(n, shape, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, *shape, generator=g), torch.randint(0, 10, (n,), generator=g)
+
+
+def test_measure_peak_counts_live_tensors_exactly():
+    def work():
+        a = torch.empty(1000)                # 4000 bytes live
+        b = torch.empty(500)                 # +2000 -> 6000, the peak
+        del a, b
+        return torch.empty(10)               # 40 bytes live at the end
+
+    result, peak = memory.measure_peak(work)
+    assert result.shape == (10,)
+    assert peak == 6000
+
+
+def test_measure_peak_is_deterministic():
+    x, y = _batch(64, (32,))
+    make = functools.partial(memory.mlp, (32, 64, 10))
+    peaks = [memory.measure_peak(memory.train_steps, make, x, y, "adam")[1] for _ in range(2)]
+    assert peaks[0] == peaks[1] > 0
+
+
+def test_formula_terms():
+    model = memory.mlp((10, 20, 5))          # 10*20+20 + 20*5+5 = 325 parameters
+    est = memory.model_memory(model, optimizer="adam")
+    assert est["parameters"] == 325
+    assert est["weights"] == est["gradients"] == 325 * 4
+    assert est["optimizer"] == 325 * 4 * 2
+    assert est["activations"] == 0
+    half = memory.model_memory(model, optimizer="sgd", dtype_bytes=2)
+    assert half["weights"] == 325 * 2 and half["optimizer"] == 325 * 4  # fp32 master copy
+    mom = memory.model_memory(model, optimizer="momentum")
+    assert mom["optimizer"] == 325 * 4
+
+
+def test_activations_of_a_linear_layer_is_its_input():
+    model = nn.Sequential(nn.Linear(16, 8))
+    x = torch.randn(32, 16, requires_grad=False)
+    # A Linear layer saves its input (32 x 16 fp32) for the weight gradient; nothing else.
+    assert memory.activation_bytes(model, x) == 32 * 16 * 4
+    est = memory.model_memory(model, example_input=x, batch=64)
+    assert est["activations"] == 64 * 16 * 4
+
+
+def _cnn():
+    return nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(),
+                         nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Flatten(), nn.Linear(32 * 16, 10))
+
+
+@pytest.mark.parametrize("case", ["mlp-adam-weights", "mlp-sgd-activations", "cnn-adam"])
+def test_formula_matches_measured_peak(case):
+    torch.manual_seed(0)
+    if case == "mlp-adam-weights":      # weights and Adam state dominate
+        make, (x, y), opt = functools.partial(memory.mlp, (64, 512, 512, 10)), _batch(32, (64,)), "adam"
+    elif case == "mlp-sgd-activations":  # activations dominate
+        make, (x, y), opt = functools.partial(memory.mlp, (64, 128, 128, 10)), _batch(1024, (64,)), "sgd"
+    else:
+        make, (x, y), opt = _cnn, _batch(128, (1, 8, 8)), "adam"
+    est, peak = memory.check_formula(make, x, y, opt)
+    ratio = peak / est["total"]
+    assert 1 - TOLERANCE <= ratio <= 1 + TOLERANCE, (case, est, peak)
+    # and the persistent terms alone never exceed what was measured
+    assert est["weights"] + est["gradients"] + est["optimizer"] <= peak
+
+
+def test_bad_optimizer_named():
+    with pytest.raises(ValueError, match="adam"):
+        memory.model_memory(memory.mlp(), optimizer="adagrad")
+    with pytest.raises(ValueError, match="example_input"):
+        memory.model_memory(memory.mlp(), batch=8)
