@@ -448,12 +448,14 @@ def bubble_fraction(num_stages, num_microbatches):
 
 
 def tensor_parallel_step(compute_s, tp_world_size, num_layers, activation_bytes, link,
-                         algorithm="ring"):
+                         algorithm="ring", recompute=False):
     """Megatron TP: compute splits t ways; each layer all-reduces its activations 4 times
-    (2 forward: after attention and MLP; 2 backward: their input gradients), not overlapped."""
+    (2 forward: after attention and MLP; 2 backward: their input gradients), not overlapped;
+    6 times with activation recomputation, which repeats the forward pass."""
     alpha, beta = _link_ab(link)
-    comm = 4 * num_layers * allreduce_time(activation_bytes, tp_world_size, alpha, beta,
-                                           algorithm)
+    per_layer = 6 if recompute else 4
+    comm = per_layer * num_layers * allreduce_time(activation_bytes, tp_world_size, alpha, beta,
+                                                   algorithm)
     return StepTime(compute_s / tp_world_size, comm, comm)
 
 
