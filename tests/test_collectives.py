@@ -1,0 +1,153 @@
+"""labutils.collectives: ring and recursive-doubling all-reduce equal dist.all_reduce."""
+import pytest
+import torch
+
+import labutils as lu
+from labutils import collectives as C
+
+pytestmark = pytest.mark.lab03a
+
+LENGTHS = (1, 2, 3, 5, 7, 16, 33)  # shorter than, equal to, not divisible by the world size
+DTYPES = (torch.float32, torch.float64, torch.int64, torch.bfloat16)
+
+
+def _tolerance(dtype):
+    # gloo adds in another order than the ring; bf16 keeps 8 bits of mantissa
+    return {"rtol": 2e-2, "atol": 0.1} if dtype == torch.bfloat16 else {}
+
+
+def _compare_with_gloo(rank, world_size):
+    import torch.distributed as dist
+    for n in LENGTHS:
+        for dtype in DTYPES:
+            g = torch.Generator().manual_seed(1000 * rank + n)
+            x = (torch.randn(n, generator=g) * 10).to(dtype)
+            expected = x.clone()
+            dist.all_reduce(expected)
+            for name in ("ring", "recursive_doubling"):
+                got = x.clone()
+                out = C.ALL_REDUCES[name](got)
+                assert out is got  # in place, like dist.all_reduce
+                torch.testing.assert_close(got, expected, **_tolerance(dtype),
+                                           msg=lambda m: f"{name} n={n} {dtype}: {m}")
+    # a non-contiguous tensor (a transposed matrix) is reduced in place too
+    x = torch.randn(4, 6, generator=torch.Generator().manual_seed(rank)).t()
+    expected = x.clone()
+    dist.all_reduce(expected)
+    for fn in (C.ring_all_reduce, C.recursive_doubling_all_reduce):
+        got = x.clone().t().contiguous().t()  # same layout as x
+        fn(got)
+        torch.testing.assert_close(got, expected)
+    # every rank holds bit-identical results (replicas must not drift apart)
+    y = torch.randn(37, generator=torch.Generator().manual_seed(rank))
+    C.ring_all_reduce(y)
+    ys = [torch.empty_like(y) for _ in range(world_size)]
+    dist.all_gather(ys, y)
+    assert all(torch.equal(ys[0], other) for other in ys)
+    return True
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_all_reduces_equal_dist_all_reduce(world_size):
+    assert lu.launch(_compare_with_gloo, world_size=world_size, timeout=120) == [True] * world_size
+
+
+def _in_subgroup(rank, world_size):
+    import torch.distributed as dist
+    group = dist.new_group([1, 2, 3])
+    x = torch.full((5,), float(rank))
+    if rank == 0:
+        return x.tolist()
+    C.ring_all_reduce(x, group=group)
+    y = torch.full((5,), float(rank))
+    C.recursive_doubling_all_reduce(y, group=group)
+    return x.tolist() + y.tolist()
+
+
+@pytest.mark.slow
+def test_all_reduces_respect_the_group():
+    out = lu.launch(_in_subgroup, world_size=4)
+    assert out[0] == [0.0] * 5
+    assert all(r == [6.0] * 10 for r in out[1:])  # 1 + 2 + 3, rank 0 left out
+
+
+@pytest.mark.slow
+def test_every_collective_before_after():
+    res = C.run_collectives(world_size=4)
+    assert set(res) == set(C.COLLECTIVES)
+    assert res["all_reduce"][1] == [[60.0, 64.0, 68.0]] * 4
+    assert res["broadcast"][1] == [[0.0, 1.0, 2.0]] * 4
+    assert res["reduce"][1][0] == [60.0, 64.0, 68.0]
+    assert res["all_gather"][1] == [[0.0, 10.0, 20.0, 30.0]] * 4
+    assert res["reduce_scatter"][1] == [[60.0], [64.0], [68.0], [72.0]]
+    assert res["scatter"][1] == [[0.0], [1.0], [2.0], [3.0]]
+    assert res["gather"][1][0] == [0.0, 10.0, 20.0, 30.0]
+    assert res["send_recv"][1][1] == [0.0, 1.0, 2.0]  # rank 1 got rank 0's tensor
+    fig = C.plot_collectives(res)
+    assert len(fig.axes) == 2 * len(C.COLLECTIVES)
+
+
+def test_bad_input_refused_before_launch():
+    with pytest.raises(ValueError, match="unknown collective"):
+        C.run_collectives(names=["allreduce"])
+    with pytest.raises(ValueError, match="world_size >= 2"):
+        C.measure_all_reduce([1024], world_size=1)
+    with pytest.raises(ValueError, match="unknown all-reduce"):
+        C.measure_all_reduce([1024], impls=["tree2"])
+
+
+def test_bandwidth_definitions():
+    # nccl-tests: algbw = bytes / time; busbw = algbw * 2 (p - 1) / p for all-reduce
+    assert C.algorithm_bandwidth(1e9, 2.0) == 5e8
+    assert C.bus_bandwidth(1e9, 2.0, 4) == pytest.approx(5e8 * 1.5)
+    assert C.bus_bandwidth(1e9, 2.0, 2) == pytest.approx(5e8)
+
+
+@pytest.mark.slow
+def test_measure_all_reduce_returns_stats_per_size():
+    stats = C.measure_all_reduce([4 * 1024, 64 * 1024], world_size=2, repeats=2)
+    assert set(stats) == {"gloo", "ring", "recursive_doubling"}
+    assert all(len(v) == 2 and all(s.n == 2 and s.min > 0 for s in v) for v in stats.values())
+
+
+# ---- the exercise checker ------------------------------------------------------------------
+
+def _reduce_scatter_only(tensor):
+    """Typical mistake: stops after the reduce-scatter phase (no all-gather)."""
+    import torch.distributed as dist
+    world_size, rank = dist.get_world_size(), dist.get_rank()
+    chunks = list(tensor.view(-1).tensor_split(world_size))
+    for step in range(world_size - 1):
+        send = chunks[(rank - step) % world_size]
+        recv = chunks[(rank - step - 1) % world_size]
+        buf = torch.empty_like(recv)
+        C._exchange(send, (rank + 1) % world_size, buf, (rank - 1) % world_size)
+        recv += buf
+    return tensor
+
+
+def _average(tensor):
+    """Typical mistake: divides by the world size (a mean, not a sum)."""
+    import torch.distributed as dist
+    dist.all_reduce(tensor)
+    tensor.div_(dist.get_world_size(), rounding_mode="floor") if not tensor.is_floating_point() \
+        else tensor.div_(dist.get_world_size())
+    return tensor
+
+
+def _stub(tensor):
+    raise NotImplementedError  # FILL ME IN
+
+
+@pytest.mark.slow
+def test_checker_accepts_reference_and_rejects_mistakes():
+    ok = lu.check_ring_all_reduce(C.ring_all_reduce)
+    assert ok.passed and "passed" in ok.message
+    assert C.check_ring_all_reduce(C.recursive_doubling_all_reduce).passed
+    partial = C.check_ring_all_reduce(_reduce_scatter_only)
+    assert not partial.passed and "rank" in partial.message and "expected" in partial.message
+    mean = C.check_ring_all_reduce(_average)
+    assert not mean.passed and "expected" in mean.message
+    stub = C.check_ring_all_reduce(_stub)
+    assert not stub.passed and "not implemented" in stub.message
