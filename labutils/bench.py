@@ -21,6 +21,7 @@ from .timing import Stats, interleaved
 BENCHMARKS = {
     "launch": "labutils.bench:bench_launch",
     "collectives": "labutils.collectives:bench_collectives",
+    "costmodel": "labutils.bench:bench_costmodel",
 }
 
 
@@ -95,17 +96,136 @@ def bench_launch(quick=False):
             Row("launch", "lu.launch / mp.spawn", ours / spawn, "ratio", "target <= 0.05")]
 
 
-# ---- command line -----------------------------------------------------------------------
+# ---- costmodel: alpha-beta fitted here predicts gloo all-reduce; emulated link accuracy ----
 
-def run(names, quick=False, out_dir=None):
-    rows = []
+def _allreduce_sweep(rank, world_size, sizes, repeats, link):
+    """Interleaved medians of gloo all-reduce per size, and of the same emulated on ``link``."""
+    import torch
+    import torch.distributed as dist
+
+    from . import costmodel as cm
+    bufs = {n: torch.ones(n // 4) for n in sizes}
+    plain = {n: [] for n in sizes}
+    emulated = {n: [] for n in sizes}
+    emulator = cm.emulate(link)
+    for n in sizes:  # warm-up: gloo sets up its buffers on the first call of each size
+        dist.all_reduce(bufs[n])
+    for _ in range(repeats):
+        for n in sizes:
+            for times, ctx in ((plain, None), (emulated, emulator)):
+                dist.barrier()
+                t0 = time.perf_counter()
+                if ctx is None:
+                    dist.all_reduce(bufs[n])
+                else:
+                    with ctx:
+                        dist.all_reduce(bufs[n])
+                times[n].append(time.perf_counter() - t0)
+    return plain, emulated
+
+
+def bench_costmodel(quick=False):
+    """Fit alpha-beta on half of the repeats, predict the other half; emulated 1GbE vs model."""
+    from . import costmodel as cm
+    from .launcher import launch
+    KiB, MiB = 1 << 10, 1 << 20
+    sizes = [64 * KiB, MiB, 4 * MiB] if quick else [4 * KiB, 64 * KiB, 256 * KiB, MiB, 4 * MiB,
+                                                    16 * MiB]
+    repeats = 2 if quick else 10
+    plain, emulated = launch(_allreduce_sweep, sizes, repeats, "1GbE", world_size=2)[0]
+    fit_half = {n: Stats.of(v[0::2]) for n, v in plain.items()}
+    alpha, beta = cm.fit(sizes, [fit_half[n] for n in sizes], 2)
+    rows = [Row("costmodel", "fitted alpha (2 ranks, gloo, loopback)", alpha * 1e6, "us"),
+            Row("costmodel", "fitted bandwidth 1/beta", 1e-9 / beta if beta else float("inf"),
+                "GB/s")]
+    for n in sizes:
+        if n < MiB:
+            continue
+        predicted = cm.allreduce_time(n, 2, alpha, beta)
+        held_out = plain[n][1::2]
+        rows.append(Row("costmodel", f"all-reduce {n // MiB} MiB: measured / predicted",
+                        Stats.of([t / predicted for t in held_out]), "ratio",
+                        "held-out repeats; target within 15%"))
+    link = cm.get_link("1GbE")
+    for n in sizes:
+        if n < MiB:
+            continue
+        model = cm.allreduce_time(n, 2, link.alpha, link.beta)
+        rows.append(Row("costmodel", f"emulated 1GbE all-reduce {n // MiB} MiB: measured / model",
+                        Stats.of([t / model for t in emulated[n]]), "ratio",
+                        f"model {model * 1e3:.3g} ms; target within 10%"))
+    return rows
+
+
+# ---- the machine, the suite, the files ---------------------------------------------------
+
+def machine():
+    """A one-line description of this machine: CPU, cores, memory, OS, Python, torch."""
+    import platform
+
+    import torch
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if "model name" in line)
+    except (OSError, StopIteration):
+        pass
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count()
+    try:
+        import psutil
+        mem = f", {psutil.virtual_memory().total / 2**30:.0f} GiB RAM"
+    except ImportError:
+        mem = ""
+    gpu = (f", GPU {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ", no GPU")
+    return (f"{cpu}, {cores} cores{mem}{gpu}; {platform.system()} {platform.release()}, "
+            f"Python {platform.python_version()}, torch {torch.__version__}")
+
+
+def run(names, quick=False):
+    """Rows of benchmarks ``names`` (see ``run_suite``)."""
+    return run_suite(names, quick)[0]
+
+
+def run_suite(names, quick=False):
+    """(rows, seconds per benchmark); a failing benchmark becomes a FAILED row, the others
+    still run."""
+    rows, seconds = [], {}
     for name in names:
         module, func = BENCHMARKS[name].split(":")
         t0 = time.perf_counter()
         print(f"running {name} ...", file=sys.stderr, flush=True)
-        rows += getattr(importlib.import_module(module), func)(quick=quick)
-        print(f"  {name} took {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
-    return rows
+        try:
+            rows += getattr(importlib.import_module(module), func)(quick=quick)
+        except Exception as e:  # noqa: BLE001 - one broken lab must not hide the others
+            rows.append(Row(name, "FAILED", f"{type(e).__name__}: {e}"[:200]))
+        seconds[name] = time.perf_counter() - t0
+        print(f"  {name} took {seconds[name]:.1f} s", file=sys.stderr, flush=True)
+    return rows, seconds
+
+
+def write_results(rows, seconds, out_dir, quick=False):
+    """Write ``bench.md``, ``bench.json`` and ``README-snippet.md`` to ``out_dir``."""
+    import datetime
+    import json
+    os.makedirs(out_dir, exist_ok=True)
+    date = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+    desc = machine()
+    mode = "quick (1-2 repeats: checks it runs)" if quick else "full"
+    table = markdown_table(rows)
+    total = sum(seconds.values())
+    with open(os.path.join(out_dir, "bench.md"), "w") as f:
+        f.write(f"# Benchmarks ({mode})\n\n{date}, {desc}; {total:.0f} s in all.\n\n{table}\n")
+    with open(os.path.join(out_dir, "bench.json"), "w") as f:
+        json.dump({"date": date, "machine": desc, "quick": quick, "seconds": seconds,
+                   "rows": [r.as_dict() for r in rows]}, f, indent=1, default=str)
+    with open(os.path.join(out_dir, "README-snippet.md"), "w") as f:
+        f.write(f"### Latest benchmark\n\n`make bench` on {date}: {desc}. Each figure is a "
+                f"ratio measured side by side in one run (median, min, max of interleaved "
+                f"repeats).\n\n{table}\n")
+    return out_dir
 
 
 def main(argv=None):
@@ -113,15 +233,21 @@ def main(argv=None):
     parser.add_argument("names", nargs="*", default=["all"],
                         help=f"one or more of: all, {', '.join(BENCHMARKS)}")
     parser.add_argument("--quick", action="store_true", help="one repeat each (checks it runs)")
+    parser.add_argument("--out", default="bench-results",
+                        help="folder for bench.md, bench.json, README-snippet.md")
     args = parser.parse_args(argv)
     names = list(BENCHMARKS) if args.names in (["all"], []) else args.names
     unknown = [n for n in names if n not in BENCHMARKS]
     if unknown:
         parser.error(f"unknown benchmark(s) {unknown}; choose from all, {', '.join(BENCHMARKS)}")
-    rows = run(names, quick=args.quick)
+    rows, seconds = run_suite(names, quick=args.quick)
+    write_results(rows, seconds, args.out, quick=args.quick)
+    print(f"{machine()}\n")
     print(markdown_table(rows))
+    print(f"\n{sum(seconds.values()):.0f} s; written to {args.out}/ (bench.md, bench.json, "
+          f"README-snippet.md)", file=sys.stderr)
     return rows
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(1 if any(r.figure == "FAILED" for r in main()) else 0)
