@@ -124,31 +124,45 @@ def progress(n, total, desc=""):
 
 
 def _die_with(launcher_pid):
-    """End this rank when its parent (the forkserver, which ends with the kernel) goes."""
+    """End this rank when the launching process (the kernel) goes, however it goes."""
     if sys.platform.startswith("linux"):
         import ctypes
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    parent = os.getppid()
+        PR_SET_PDEATHSIG = 1  # our parent is the forkserver, which exits with the kernel
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
 
-    def watch():  # portable fallback (macOS has no parent-death signal)
+    def watch():  # the forkserver may take seconds to exit; do not wait for it
         while True:
-            time.sleep(0.5)
-            if os.getppid() != parent:
-                os._exit(1)
+            time.sleep(0.25)
             try:
                 os.kill(launcher_pid, 0)
             except ProcessLookupError:
                 os._exit(1)
             except PermissionError:
                 pass
-    if not sys.platform.startswith("linux"):
-        threading.Thread(target=watch, daemon=True).start()
+    threading.Thread(target=watch, name="lu-watch-launcher", daemon=True).start()
+
+
+def _forget_forkserver():
+    """Drop this rank's copy of the forkserver's keep-alive pipe.
+
+    multiprocessing hands every forked child that pipe (so children could start processes
+    of their own); while any rank holds it, the forkserver would outlive a killed kernel and
+    so would the ranks. Without it: kernel dies -> forkserver exits -> ranks get SIGKILL.
+    """
+    try:
+        from multiprocessing import forkserver
+        server = forkserver._forkserver
+        if server._forkserver_alive_fd is not None:
+            os.close(server._forkserver_alive_fd)
+        server._forkserver_alive_fd = server._forkserver_address = server._forkserver_pid = None
+    except (AttributeError, OSError):
+        pass
 
 
 def _worker(rank, world_size, payload, port, prefix, backend, threads, out_w, res_w,
             stack_path, launcher_pid, timeout):
     global _PROGRESS_CONN
+    _forget_forkserver()
     # Everything the rank prints (Python and C++) goes to the caller through this pipe.
     os.dup2(out_w.fileno(), 1)
     os.dup2(out_w.fileno(), 2)
@@ -265,6 +279,7 @@ def _describe_exit(rank, code):
     return f"rank {rank}: process exited with code {code} without returning a result"
 
 
+_THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-f]+) \(most recent call first\)")
 _FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
 
 
@@ -274,8 +289,8 @@ def _main_stack(text):
     main = lines[0].split()[1] if lines and lines[0].startswith("MAIN") else None
     blocks, current = {}, None
     for line in lines[1:]:
-        if "(most recent call first)" in line:
-            current = line.split()[-4] if line.startswith("Current") else line.split()[1]
+        if m := _THREAD.match(line):
+            current = m.group(1)
             blocks[current] = []
         elif current is not None and (m := _FRAME.match(line)):
             blocks[current].append((m.group(1), int(m.group(2)), m.group(3)))
