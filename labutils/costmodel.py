@@ -477,3 +477,32 @@ def speedup(one_rank_s, step, world_size):
     """Weak scaling: ``world_size`` ranks each do one rank's batch in ``step.total`` seconds,
     where one rank alone takes ``one_rank_s``; the samples-per-second ratio."""
     return world_size * one_rank_s / step.total
+
+
+# ---- exercise: the ring all-reduce closed form -------------------------------------------
+
+def _ring_time_harness(rank, world_size, learner_fn, seed):
+    """On each real rank, with p = this launch's world size: the learner's time vs ours."""
+    import random
+    rng = random.Random(seed * 31 + rank)
+    nbytes = rng.choice([1 << 10, 1 << 20, 3 * (1 << 20), 1 << 26])
+    alpha, beta = rng.choice([1e-6, 2e-5, 5e-5]), 1 / rng.choice([1.25e9, 1.25e10, 3e11])
+    case = f"nbytes={nbytes}, world_size={world_size}, alpha={alpha:g}, beta={beta:g}"
+    expected = {case: allreduce_time(nbytes, world_size, alpha, beta, "ring")}
+    got = {case: learner_fn(nbytes, world_size, alpha, beta)}
+    return expected, got
+
+
+def check_ring_allreduce_time(learner_fn, *, timeout=30.0):
+    """Check ``learner_fn(nbytes, world_size, alpha, beta)`` against the ring closed form,
+    on real ranks of several world sizes (p is the launch's world size)."""
+    from .exercises import make_cases, run_check
+    cases = make_cases(world_sizes=(2, 3, 4), per_world_size=1, seed=7)
+    return run_check("ring_allreduce_time", learner_fn, _ring_time_harness, cases,
+                     timeout=timeout, atol=0.0, rtol=1e-6)
+
+
+def ring_allreduce_time(nbytes, world_size, alpha, beta):
+    """Reference solution of the exercise: 2(p-1) alpha + 2(p-1)/p n beta."""
+    p = world_size
+    return 2 * (p - 1) * alpha + 2 * (p - 1) / p * nbytes * beta

@@ -272,3 +272,27 @@ def compare_shoeybi(hardware="V100-DGX-2H", batch_per_replica=8, baseline_tflops
                             error=predicted - published))
     return out
 
+
+
+# ---- exercise: ZeRO memory per GPU -------------------------------------------------------------
+
+def _zero_memory_harness(rank, world_size, learner_fn, seed):
+    """Each rank checks one stage with Nd = this launch's world size (stage = rank % 4)."""
+    import random
+    rng = random.Random(seed)
+    num_params = rng.choice([7.5e9, 1.3e9, 175e9, 1e6])
+    stages = [rank % 4] if world_size >= 4 else [rank % 4, (rank + 2) % 4]
+    expected, got = {}, {}
+    for stage in stages:
+        key = f"num_params={num_params:g}, world_size={world_size}, stage={stage}"
+        expected[key] = zero_memory_per_gpu(num_params, world_size, stage)
+        got[key] = learner_fn(num_params, world_size, stage)
+    return expected, got
+
+
+def check_zero_memory_per_gpu(learner_fn, *, timeout=30.0):
+    """Check ``learner_fn(num_params, world_size, stage)`` -> bytes per GPU for ZeRO 0-3."""
+    from .exercises import make_cases, run_check
+    cases = make_cases(world_sizes=(2, 4), per_world_size=1, seed=3)
+    return run_check("zero_memory_per_gpu", learner_fn, _zero_memory_harness, cases,
+                     timeout=timeout, atol=0.0, rtol=1e-9)

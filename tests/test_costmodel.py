@@ -241,3 +241,21 @@ def test_tensor_parallel_four_allreduces_per_layer():
     step = cm.tensor_parallel_step(8.0, 4, 10, MiB, (A, B))
     assert step.compute == 2.0
     assert step.comm == pytest.approx(40 * cm.allreduce_time(MiB, 4, A, B))
+
+
+# ---- exercise checker --------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_ring_time_checker_accepts_reference_and_rejects_typical_mistakes():
+    assert lu.check_ring_allreduce_time(cm.ring_allreduce_time).passed
+    only_reduce_scatter = lambda n, p, a, b: (p - 1) * a + (p - 1) / p * n * b  # noqa: E731
+    whole_buffer_per_step = lambda n, p, a, b: 2 * (p - 1) * (a + n * b)  # noqa: E731
+    for wrong in (only_reduce_scatter, whole_buffer_per_step):
+        result = lu.check_ring_allreduce_time(wrong)
+        assert not result.passed
+        assert "rank 0" in result.message and "expected" in result.message
+        assert "world_size=2" in result.message
+
+    def stub(nbytes, world_size, alpha, beta):
+        raise NotImplementedError  # FILL ME IN
+    assert "not implemented yet" in lu.check_ring_allreduce_time(stub).message

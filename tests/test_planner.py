@@ -110,3 +110,19 @@ def test_step_model_pieces_add_up():
     s = pred.step
     assert s.total == pytest.approx(s.compute + s.exposed_comm + s.bubble)
     assert s.bubble / s.total < cm.bubble_fraction(2, 48) * 1.01
+
+
+@pytest.mark.slow
+def test_zero_memory_checker_accepts_reference_and_rejects_typical_mistakes():
+    import labutils as lu
+    assert lu.check_zero_memory_per_gpu(pl.zero_memory_per_gpu).passed
+
+    def forgets_fp16_weights(psi, nd, stage):  # stage 1 shards all 16 bytes
+        return 16 * psi / nd if stage else 16 * psi
+
+    def stage3_keeps_weights(psi, nd, stage):
+        return pl.zero_memory_per_gpu(psi, nd, min(stage, 2))
+    for wrong, stage in ((forgets_fp16_weights, "stage="), (stage3_keeps_weights, "stage=3")):
+        result = lu.check_zero_memory_per_gpu(wrong)
+        assert not result.passed and "expected" in result.message
+        assert stage in result.message, result.message
