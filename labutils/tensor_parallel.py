@@ -79,9 +79,9 @@ def check_tp_config(hidden, num_heads=None, tp_world_size=2, ffn_hidden=None):
 
 
 def _all_reduce(x, layout, op_name, phase):
-    if layout.counter is not None:
-        layout.counter.add(op_name, phase, x.numel() * x.element_size())
-    if layout.tp_world_size > 1:
+    if layout.tp_world_size > 1:  # one rank holds everything: nothing to send
+        if layout.counter is not None:
+            layout.counter.add(op_name, phase, x.numel() * x.element_size())
         dist.all_reduce(x, group=layout.group)
     return x
 
