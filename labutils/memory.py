@@ -157,7 +157,7 @@ def train_steps(make_model, x, y, optimizer="adam", steps=2, lr=1e-3):
     return losses
 
 
-def check_formula(make_model, x, y, optimizer="adam", steps=2):
+def formula_vs_peak(make_model, x, y, optimizer="adam", steps=2):
     """Formula vs measured peak of ``train_steps``: ``(estimate dict, peak_bytes)``."""
     torch.manual_seed(0)
     estimate = model_memory(make_model(), optimizer=optimizer, example_input=x)

@@ -74,7 +74,7 @@ def test_formula_matches_measured_peak(case):
         make, (x, y), opt = functools.partial(memory.mlp, (64, 128, 128, 10)), _batch(1024, (64,)), "sgd"
     else:
         make, (x, y), opt = _cnn, _batch(128, (1, 8, 8)), "adam"
-    est, peak = memory.check_formula(make, x, y, opt)
+    est, peak = memory.formula_vs_peak(make, x, y, opt)
     ratio = peak / est["total"]
     assert 1 - TOLERANCE <= ratio <= 1 + TOLERANCE, (case, est, peak)
     # and the persistent terms alone never exceed what was measured
