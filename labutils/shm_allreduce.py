@@ -1,0 +1,163 @@
+"""A shared-memory all-reduce for ranks on one host: reduce-scatter and all-gather through RAM.
+
+Used by 04c (why gloo is slow on one machine, and what shared memory changes) and by
+``python -m labutils.bench ddp``. gloo sends every byte through the loopback TCP stack (copies
+into and out of socket buffers, a system call per message); ranks on one host can instead read
+each other's pages. For each chunk of the tensor (default 4 MiB, so the working set stays in
+cache), with p ranks:
+
+1. every rank copies its chunk into its own input slot of a shared segment;
+2. barrier;
+3. rank r sums slice r of all p inputs into the shared output (a reduce-scatter: each rank
+   reads n/p of every input, all ranks in parallel);
+4. it copies the next chunk in, then barrier;
+5. every rank copies the whole output chunk back (an all-gather, by reading).
+
+Input and output slots are double-buffered, so one barrier per chunk is enough: a rank can
+only overwrite a slot two chunks later, after a barrier its slower peers must have passed.
+The barrier is a flag protocol (each rank bumps its own counter in the segment and spins until
+all counters reach it): microseconds, no system call.
+
+The segment is unlinked as soon as every rank has mapped it, so nothing is left in /dev/shm
+even if a rank is killed. Memory ordering relies on x86's total store order (stores become
+visible in program order); on other CPUs prefer gloo.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import secrets
+import tempfile
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+_LINE = 64                     # one cache line per rank's counter: no false sharing
+# Linux keeps /dev/shm in RAM; elsewhere a temporary file's pages serve (mapped, not read).
+_SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+_SPIN_S = 200e-6               # spin this long before yielding the core to other processes
+_YIELD = getattr(os, "sched_yield", lambda: time.sleep(0))
+
+
+class ShmAllReduce:
+    """``ShmAllReduce(group=None, chunk_bytes=4 MiB)``, created collectively on every rank;
+    ``all_reduce_(tensor)`` sums in place like ``dist.all_reduce``; ``close()`` when done."""
+
+    def __init__(self, group=None, chunk_bytes=4 << 20, timeout=60.0):
+        if chunk_bytes < _LINE or chunk_bytes % _LINE:
+            raise ValueError(f"chunk_bytes must be a positive multiple of {_LINE}; "
+                             f"got {chunk_bytes}")
+        self.group, self.timeout = group, timeout
+        self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
+        self.chunk_bytes = chunk_bytes
+        self.turn, self.epoch = 0, 0   # chunks done (buffer parity), barriers passed
+        p = self.world_size
+        self.in_offset = p * _LINE
+        self.out_offset = self.in_offset + 2 * p * chunk_bytes
+        size = self.out_offset + 2 * chunk_bytes
+        # Rank 0 names the segment; the name reaches the others through the process group.
+        token = torch.tensor([secrets.randbits(62) if self.rank == 0 else 0], dtype=torch.int64)
+        dist.broadcast(token, src=dist.get_global_rank(group, 0) if group else 0, group=group)
+        path = os.path.join(_SHM_DIR, f"lu_shm_{int(token):x}")
+        if self.rank == 0:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+            os.ftruncate(fd, size)  # zero-filled: every flag starts at 0
+        dist.barrier(group=group)
+        if self.rank != 0:
+            fd = os.open(path, os.O_RDWR)
+        self.mm = mmap.mmap(fd, size)
+        os.close(fd)  # the mapping keeps the memory alive
+        dist.barrier(group=group)
+        if self.rank == 0:
+            os.unlink(path)  # every rank has it mapped: the name is no longer needed
+        self.base = torch.frombuffer(self.mm, dtype=torch.uint8)
+        self.flags = np.frombuffer(self.mm, dtype=np.int64, count=p * _LINE // 8)[::_LINE // 8]
+
+    # -- the protocol ------------------------------------------------------------------
+    def _barrier(self):
+        self.epoch += 1
+        self.flags[self.rank] = self.epoch
+        if self.flags.min() >= self.epoch:
+            return
+        start = time.perf_counter()
+        while self.flags.min() < self.epoch:
+            waited = time.perf_counter() - start
+            if waited > _SPIN_S:     # a busy or oversubscribed machine: let the peer run
+                _YIELD()
+            if waited > self.timeout:
+                late = [r for r, f in enumerate(self.flags) if f < self.epoch]
+                raise TimeoutError(f"shm all-reduce: rank {self.rank} waited "
+                                   f"{self.timeout:g} s for ranks {late}")
+
+    def _slot(self, offset, dtype, n):
+        size = torch.empty((), dtype=dtype).element_size()
+        return self.base[offset:offset + n * size].view(dtype)
+
+    def _input(self, turn, rank, dtype, n):
+        p = self.world_size
+        return self._slot(self.in_offset + ((turn % 2) * p + rank) * self.chunk_bytes, dtype, n)
+
+    def _output(self, turn, dtype, n):
+        return self._slot(self.out_offset + (turn % 2) * self.chunk_bytes, dtype, n)
+
+    def all_reduce_(self, tensor):
+        """Sum ``tensor`` over the ranks, in place (contiguous CPU tensor, any float dtype)."""
+        if tensor.device.type != "cpu" or not tensor.is_contiguous():
+            raise ValueError("shm all-reduce needs a contiguous CPU tensor; call "
+                             ".contiguous() (and .cpu()) first")
+        flat = tensor.view(-1)
+        n, p, rank = flat.numel(), self.world_size, self.rank
+        if n == 0:
+            return tensor
+        step = self.chunk_bytes // flat.element_size()
+        chunks = [(s, min(s + step, n)) for s in range(0, n, step)]
+        self._input(self.turn, rank, flat.dtype, chunks[0][1]).copy_(flat[:chunks[0][1]])
+        self._barrier()
+        for k, (s, e) in enumerate(chunks):
+            m, turn = e - s, self.turn
+            lo, hi = m * rank // p, m * (rank + 1) // p       # my slice of this chunk
+            ins = [self._input(turn, r, flat.dtype, m)[lo:hi] for r in range(p)]
+            out = self._output(turn, flat.dtype, m)
+            if hi > lo and p == 1:
+                out.copy_(ins[0])
+            elif hi > lo:
+                torch.add(ins[0], ins[1], out=out[lo:hi])
+                for other in ins[2:]:
+                    out[lo:hi].add_(other)
+            if k + 1 < len(chunks):                            # next chunk in, other parity
+                s2, e2 = chunks[k + 1]
+                self._input(turn + 1, rank, flat.dtype, e2 - s2).copy_(flat[s2:e2])
+            self._barrier()
+            flat[s:e].copy_(out)
+            self.turn += 1
+        return tensor
+
+    def close(self):
+        """Unmap the segment (it was unlinked at creation, so nothing stays in /dev/shm)."""
+        if getattr(self, "mm", None) is not None:
+            del self.base, self.flags  # views of the mapping must go before it closes
+            self.mm.close()
+            self.mm = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def shm_allreduce_hook(state, bucket):
+    """A DDP communication hook: ``ddp.register_comm_hook(ShmAllReduce(), shm_allreduce_hook)``.
+
+    Works with ``DistributedDataParallel`` and ``lu.ddp.BucketedDDP``. It reduces synchronously
+    on the calling thread (so it does not overlap with the rest of backward, unlike gloo's
+    background thread) and returns a completed future of the averaged bucket.
+    """
+    tensor = bucket.buffer()
+    state.all_reduce_(tensor)
+    tensor.div_(state.world_size)
+    fut = torch.futures.Future()
+    fut.set_result(tensor)
+    return fut
