@@ -15,7 +15,7 @@ __version__ = "0.1.0"
 _LAB_MODULES = ("launcher", "collectives", "async_sgd", "costmodel", "data", "models", "train",
                 "workloads", "memory", "ddp", "checkpoint", "shm_allreduce", "bench",
                 "model_parallel", "pipeline", "tensor_parallel", "sharding", "planner",
-                "exercises")
+                "sync_batchnorm", "exercises")
 
 
 def show_source(obj):
