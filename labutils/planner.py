@@ -240,8 +240,9 @@ def shoeybi2019():
             for r in _read("shoeybi2019_weak_scaling.csv")]
 
 
-def compare_narayanan(calibrate_on=0, hardware="A100-80GB"):
-    """Calibrate ``efficiency`` on one row, predict every row: list of dicts with the error."""
+def compare_narayanan(calibrate_on=6, hardware="A100-80GB"):
+    """Calibrate ``efficiency`` on one row (default: 145.6 B, the middle of the table and the
+    first to use data, tensor and pipeline parallelism at once), predict every row."""
     rows = narayanan2021()
     ref = rows[calibrate_on]
     eff = calibrate(ref["model"], ref["layout"], ref["batch_size"], hardware,
