@@ -45,6 +45,7 @@ class SGDConfig:
     seed: int = 0
     eval_every: int = 10      # worker steps between two evaluations of the full loss
     delay: float = 0.0        # seconds the straggler (the last rank) sleeps every step
+    compress: str = "float32"  # dtype gradients travel in (sync SGD): float16, bfloat16
 
     def validate(self):
         for name in ("steps", "batch_size", "hidden", "eval_every"):
@@ -54,6 +55,9 @@ class SGDConfig:
             raise ValueError(f"lr must be > 0; got {self.lr}")
         if self.delay < 0:
             raise ValueError(f"delay must be >= 0 seconds; got {self.delay}")
+        if self.compress not in ("float32", "float16", "bfloat16"):
+            raise ValueError(f"compress must be 'float32', 'float16' or 'bfloat16'; "
+                             f"got {self.compress!r}")
         return self
 
 
@@ -90,6 +94,12 @@ def loss_and_grad(params, X, y, hidden, n_out=10):
 def full_loss(params, X, y, hidden, n_out=10):
     with torch.no_grad():
         return F.cross_entropy(_forward(params, X, hidden, n_out), y).item()
+
+
+def accuracy(params, X, y, hidden, n_out=10):
+    """Share of ``X`` classified correctly by the MLP with parameters ``params``."""
+    with torch.no_grad():
+        return (_forward(params, X, hidden, n_out).argmax(1) == y).float().mean().item()
 
 
 def batch_indices(cfg, worker, step, n):
@@ -136,8 +146,9 @@ def sync_sgd_worker(rank, world_size, X, y, cfg):
         idx = batch_indices(cfg, rank, step, len(X))
         _, grad = loss_and_grad(params, X[idx], y[idx], cfg.hidden)
         _straggle(cfg, rank, world_size)
-        dist.all_reduce(grad)            # everyone waits here for the slowest rank
-        params -= cfg.lr * grad / world_size
+        wire = grad.to(getattr(torch, cfg.compress))  # compression: fewer bytes on the wire
+        dist.all_reduce(wire)            # everyone waits here for the slowest rank
+        params -= cfg.lr * wire.float() / world_size
         if rank == 0 and (step + 1) % cfg.eval_every == 0:
             hist.add((step + 1) * world_size * cfg.batch_size, params)
     return hist.result("sync all-reduce", params) if rank == 0 else None
