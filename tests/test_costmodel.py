@@ -125,6 +125,8 @@ def _emulated_collectives(rank, world_size, repeats):
             dist.all_reduce(a)
             b = x.clone()
             dist.all_reduce(b, async_op=True).wait()
+            f = x.clone()  # BucketedDDP's path: the work's future
+            dist.all_reduce(f, async_op=True).get_future().wait()
             c = x.clone()
             dist.broadcast(c, src=1)
             g = torch.empty(world_size * x.numel())
@@ -136,7 +138,7 @@ def _emulated_collectives(rank, world_size, repeats):
                 dist.send(x, dst=1)
             else:
                 dist.recv(m, src=0)
-            results.update(a=a, b=b, c=c, g=g, r=r, m=m)
+            results.update(a=a, b=b, c=c, f=f, g=g, r=r, m=m)
             if ctx is not None:
                 for _ in range(repeats):
                     t = x.clone()
