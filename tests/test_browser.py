@@ -1,0 +1,212 @@
+"""A knob panel in a real browser: JupyterLab on 127.0.0.1 (temporary token, port, runtime and
+settings dirs) driven by Playwright in Debian's headless Chromium. Runs the notebook's cells,
+moves a slider, clicks Run, and checks that the plot is redrawn for the new value, the run
+reached the ranks, and no error shows. Saves a screenshot under the test's tmp_path.
+
+`make ui-test` (mk/ui.mk) installs /usr/bin/chromium with apt-get; Playwright never downloads
+a browser. The test skips only where Chromium is not installed."""
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import psutil
+import pytest
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.lab01]
+
+CHROMIUM = "/usr/bin/chromium"
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+NOTEBOOK = os.path.join(HERE, "fixtures", "panel_demo.ipynb")
+
+# JupyterLab's news and update toasts would cover the page; a fresh profile would ask.
+LAB_SETTINGS = {"@jupyterlab/apputils-extension/notification.jupyterlab-settings":
+                {"fetchNews": "false", "checkForUpdates": False},
+                "@jupyterlab/notebook-extension/tracker.jupyterlab-settings":
+                {"autoStartDefaultKernel": True}}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_server(url, proc, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"jupyter lab exited with code {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.3)
+    raise AssertionError(f"jupyter lab did not answer {url} within {timeout} s")
+
+
+@pytest.fixture
+def jupyter_lab(tmp_path):
+    """(base URL, token) of a JupyterLab serving a copy of the fixture notebook; every
+    process it started (kernel, forkserver, ranks) is ended afterwards."""
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.skip(f"Chromium is not installed at {CHROMIUM} and could not be installed "
+                    f"here (`make ui-test` installs Debian's chromium with apt-get)")
+    root, home = tmp_path / "root", tmp_path / "home"
+    root.mkdir(), home.mkdir()
+    shutil.copy(NOTEBOOK, root / "panel_demo.ipynb")
+    settings = tmp_path / "lab-settings"
+    for rel, value in LAB_SETTINGS.items():
+        (settings / rel).parent.mkdir(parents=True, exist_ok=True)
+        (settings / rel).write_text(json.dumps(value))
+    port, token = free_port(), secrets.token_hex(16)
+    env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
+               JUPYTER_CONFIG_DIR=str(tmp_path / "config"),
+               JUPYTER_DATA_DIR=str(tmp_path / "data"), IPYTHONDIR=str(tmp_path / "ipython"),
+               HOME=str(home), PYTHONPATH=ROOT)
+    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+           f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
+           f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
+           f"--LabApp.user_settings_dir={settings}",
+           f"--LabApp.workspaces_dir={tmp_path / 'workspaces'}"]
+    if os.geteuid() == 0:
+        cmd.append("--allow-root")
+    log = open(tmp_path / "jupyter.log", "wb")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for_server(f"{base}/api/status?token={token}", proc, timeout=90)
+        yield base, token, proc
+    finally:
+        family = [proc.pid] + [p.pid for p in _descendants(proc.pid)]
+        proc.send_signal(signal.SIGTERM)  # the server shuts its kernels down on SIGTERM
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            pass
+        _kill_left(family)
+        log.close()
+        left = [pid for pid in family if psutil.pid_exists(pid)
+                and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+        assert not left, f"processes left behind: {left}"
+
+
+def _descendants(pid):
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _kill_left(pids):
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    for p in procs:
+        for child in _descendants(p.pid):
+            if child not in procs:
+                procs.append(child)
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=10)
+
+
+def run_all_cells(page, expect, tries=3):
+    """Run > Run All Cells once the kernel is idle, until the first code cell has run. (While
+    JupyterLab is still settling its kernel a click can be lost; a kernel dialog is answered.)"""
+    first_prompt = page.locator(".jp-CodeCell .jp-InputPrompt").first
+    for _ in range(tries):
+        dialog = page.locator(".jp-Dialog").get_by_role("button", name="Select")
+        if dialog.count():
+            dialog.click()
+        expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")) \
+            .to_have_count(1, timeout=120_000)
+        page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+        page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+        try:
+            expect(first_prompt).to_have_text(re.compile(r"\[(\*|\d+)\]"), timeout=20_000)
+            return
+        except AssertionError:
+            page.keyboard.press("Escape")
+    raise AssertionError(f"Run All Cells did not start the cells in {tries} tries")
+
+
+def test_panel_runs_in_jupyterlab_in_chromium(jupyter_lab, tmp_path):
+    from playwright.sync_api import expect, sync_playwright
+
+    base, token, server = jupyter_lab
+    with sync_playwright() as pw:
+        context = pw.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"), executable_path=CHROMIUM, headless=True,
+            args=["--no-sandbox", "--disable-background-networking", "--disable-gpu",
+                  "--disable-dev-shm-usage"],
+            viewport={"width": 1280, "height": 1000})
+        try:
+            page = context.pages[0] if context.pages else context.new_page()
+            page.set_default_timeout(60_000)
+            errors = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(f"{base}/lab/tree/panel_demo.ipynb?token={token}", timeout=120_000)
+
+            # The kernel starts with the notebook; run every cell once it is idle.
+            expect(page.locator(".jp-Notebook")).to_be_visible(timeout=120_000)
+            run_all_cells(page, expect)
+
+            panel = page.locator(".lu-panel")
+            expect(panel).to_be_visible(timeout=120_000)
+            run = panel.locator("button", has_text=re.compile(r"^\s*Run\s*$"))
+            expect(panel).to_contain_text("ready")
+            n_slider = panel.locator(".widget-hslider").filter(
+                has=page.locator("label", has_text=re.compile(r"^n$")))
+            readout = n_slider.locator(".widget-readout")
+            expect(readout).to_have_text("4")
+
+            # First run with the default n = 4: a plot appears.
+            run.click()
+            plot = panel.locator(".jp-OutputArea-output img")
+            expect(plot).to_have_count(1, timeout=180_000)
+            expect(panel).to_contain_text("done in", timeout=60_000)
+            first_src = plot.get_attribute("src")
+
+            # Move the slider (keyboard on its handle), run again: the plot is replaced.
+            n_slider.locator(".noUi-handle").focus()
+            page.keyboard.press("ArrowRight")
+            page.keyboard.press("ArrowRight")
+            expect(readout).to_have_text("6")
+            run.click()
+            expect(panel.get_by_text("[rank 0] step 5")).to_be_visible(timeout=120_000)
+            expect(plot).to_have_count(1, timeout=60_000)
+            expect(plot).not_to_have_attribute("src", first_src, timeout=60_000)
+            expect(run).to_be_enabled(timeout=60_000)
+            expect(panel).to_contain_text("steps 6/6")
+            page.wait_for_timeout(500)  # let the image paint before the screenshot
+            panel.scroll_into_view_if_needed()
+            page.screenshot(path=str(tmp_path / "panel.png"), full_page=True)
+
+            assert "❌" not in panel.inner_text()
+            assert page.locator("[data-mime-type='application/vnd.jupyter.error']").count() == 0
+            assert page.locator("[data-mime-type='application/vnd.jupyter.stderr']").count() == 0
+            assert errors == []
+        except BaseException:
+            page.screenshot(path=str(tmp_path / "failure.png"), full_page=True)
+            raise
+        finally:
+            context.close()
+    assert (tmp_path / "panel.png").stat().st_size > 10_000
+    assert server.poll() is None  # the server was up all along; the fixture ends it
