@@ -1,0 +1,118 @@
+"""The course map: one row per lab, the single source for the README's table and the map
+shown in ``01_introduction``. A test keeps the README's table equal to ``markdown_table()``.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclass(frozen=True)
+class Lab:
+    chapter: str      # the article's chapter, English and Chinese
+    notebook: str     # file name without .ipynb
+    modules: str      # labutils modules behind it
+    shows: str        # what the learner does and sees
+    minutes: str      # top to bottom on a 2-core laptop
+    device: str = "CPU (GPU optional)"
+
+    @property
+    def path(self):
+        return os.path.join(ROOT, "notebooks", self.notebook + ".ipynb")
+
+    @property
+    def exists(self):
+        return os.path.exists(self.path)
+
+
+LABS = (
+    Lab("1 Introduction 引言", "01_introduction", "`launcher`, `env`, `timing`",
+        "this machine; a first 2-rank all-reduce from a notebook cell; what a failing or "
+        "deadlocked rank looks like; single-process training time vs data and model size",
+        "1"),
+    Lab("2 PyTorch essentials PyTorch简介", "02_pytorch_essentials",
+        "`data`, `models`, `train`, `run`",
+        "dynamic graphs, autograd vs finite differences, a training loop on real digits, "
+        "saving weights; the torch.distributed map with each launcher run once", "1.5"),
+    Lab("3.1 Concepts 基本概念", "03a_parallelism_concepts",
+        "`collectives`, `costmodel`, `async_sgd`",
+        "every collective on 4 ranks, drawn; ring all-reduce from send/recv vs dist.all_reduce; "
+        "latency and bandwidth fitted (alpha-beta); sync vs async SGD and staleness", "1.5"),
+    Lab("3.2 Scenarios 应用场景", "03b_scenarios", "`workloads`, `data`",
+        "image, language and video workloads on 1 and 2 ranks; compute-to-communication "
+        "ratio explains which scales", "1.5"),
+    Lab("3.3 Challenges 挑战", "03c_challenges", "`collectives`, `memory`",
+        "small messages vs buckets, compression; set_epoch, BatchNorm per rank vs synchronised; "
+        "memory of weights, gradients, optimiser state, activations; oversubscription", "1.5"),
+    Lab("4 DDP from scratch 分布式训练实现", "04a_ddp_from_scratch", "`ddp`",
+        "naive gradient all-reduce, hooks, buckets with overlap; each checked equal to one "
+        "process and to PyTorch's DDP", "1.5"),
+    Lab("4 DDP in practice", "04b_ddp_in_practice", "`ddp`, `checkpoint`, `run`",
+        "DistributedSampler, no_sync accumulation, compression hooks, exact resume from a "
+        "checkpoint, torchrun with a killed worker", "1.5"),
+    Lab("4 Performance analysis 性能分析", "04c_ddp_performance",
+        "`bench`, `plots`, `profile`, `costmodel`, `shm_allreduce`",
+        "strong and weak scaling with error bars, per-rank timelines, bucket sweep vs cost "
+        "model, emulated links, a shared-memory all-reduce", "1.5"),
+    Lab("5 Model parallelism principles 模型并行化原理", "05_model_parallel_principles",
+        "`model_parallel`, `memory`, `timeline`",
+        "the memory wall; a naive layer split with send/recv checked equal to one process; "
+        "its idle timeline; the ideas of pipelining and of splitting a matmul", "1.5"),
+    Lab("6 Pipeline parallelism 实践", "06a_pipeline_parallel", "`pipeline`, `timeline`",
+        "GPipe and 1F1B from send/recv, checked equal; measured bubbles vs (p-1)/(m+p-1); "
+        "torch.distributed.pipelining; stage balance", "1.5"),
+    Lab("6 Tensor parallelism 实践", "06b_tensor_parallel", "`tensor_parallel`",
+        "Megatron column/row-parallel layers, parallel MLP and attention, checked equal; bytes "
+        "per layer; torch.distributed.tensor.parallel", "1.5"),
+    Lab("6 Sharding and memory 性能优化", "06c_sharding_and_memory", "`sharding`, `memory`",
+        "ZeRO 1/2/3 from scratch and FSDP2, memory vs formulas; activation checkpointing, "
+        "mixed precision, a 2-D mesh; an optimisation checklist", "1.5"),
+    Lab("Conclusion and outlook 结论与展望", "07_conclusion_outlook",
+        "`costmodel`, `planner`, `bench`",
+        "the cost model calibrated here predicts the labs' speedups; a planner extrapolates to "
+        "4,096 GPUs beside published results", "1.5"),
+)
+
+
+def markdown_table(link_prefix="notebooks/"):
+    """The labs as a Markdown table; labs not written yet are marked as coming."""
+    head = ("| article chapter | notebook | labutils | what it shows | minutes on a laptop "
+            "| CPU/GPU |\n|---|---|---|---|---|---|")
+    rows = []
+    for lab in LABS:
+        name = (f"[{lab.notebook}]({link_prefix}{lab.notebook}.ipynb)" if lab.exists
+                else f"{lab.notebook} (coming)")
+        rows.append(f"| {lab.chapter} | {name} | {lab.modules} | {lab.shows} | "
+                    f"{lab.minutes} | {lab.device} |")
+    return head + "\n" + "\n".join(rows)
+
+
+def show_map():
+    """Display the course map in a notebook (links relative to notebooks/)."""
+    from IPython.display import Markdown, display
+    display(Markdown(markdown_table(link_prefix="")))
+
+
+README_START, README_END = "<!-- labs:start -->", "<!-- labs:end -->"
+
+
+def readme_section(readme_text):
+    """The part of the README between the labs markers."""
+    start = readme_text.index(README_START) + len(README_START)
+    return readme_text[start:readme_text.index(README_END)].strip()
+
+
+def write_readme(path=os.path.join(ROOT, "README.md")):
+    """Refresh the README's table of labs from LABS: ``python -m labutils.course``."""
+    with open(path) as f:
+        text = f.read()
+    start = text.index(README_START) + len(README_START)
+    text = text[:start] + "\n" + markdown_table() + "\n" + text[text.index(README_END):]
+    with open(path, "w") as f:
+        f.write(text)
+
+
+if __name__ == "__main__":
+    write_readme()

@@ -1,0 +1,33 @@
+"""The course map: the README's table of labs is generated from labutils.course.LABS."""
+import json
+import os
+
+import pytest
+
+from labutils import course
+
+pytestmark = pytest.mark.lab01
+
+
+def test_readme_table_is_current():
+    with open(os.path.join(course.ROOT, "README.md")) as f:
+        section = course.readme_section(f.read())
+    assert section == course.markdown_table(), "run: .venv/bin/python -m labutils.course"
+
+
+def test_every_notebook_is_on_the_map():
+    on_disk = {f[:-6] for f in os.listdir(os.path.join(course.ROOT, "notebooks"))
+               if f.endswith(".ipynb")}
+    assert on_disk <= {lab.notebook for lab in course.LABS}
+
+
+@pytest.mark.parametrize("lab", [lab for lab in course.LABS if lab.exists],
+                         ids=lambda lab: lab.notebook)
+def test_notebook_opens_with_its_chapter_and_objectives(lab):
+    with open(lab.path) as f:
+        cells = json.load(f)["cells"]
+    first = "".join(cells[0]["source"])
+    assert first.startswith("# "), "the first cell is the lab's title"
+    assert any("\u4e00" <= ch <= "\u9fff" for ch in first), "Chinese chapter title beside English"
+    text = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    assert "objectives" in text.lower() and "Summary" in text and "Exercises" in text
