@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 NBVAL := --nbval --nbval-current-env --nbval-cell-timeout=600 --sanitize-with tests/nbval_sanitize.cfg -p no:randomly
 
-.PHONY: lab test test-fast test-notebooks bench venv clean
+.PHONY: lab test test-fast test-notebooks bench gpu-check venv clean
 
 venv: $(STAMP)
 
@@ -37,5 +37,12 @@ test-notebooks: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m labutils.bench all
 
+# A short prepared check for a machine with a GPU (nccl launch, bf16 MFU); exits cleanly without.
+gpu-check: $(STAMP)
+	$(PY) -m labutils.gpucheck
+
 clean:
 	rm -rf $(VENV) .pytest_cache
+
+# Fragments: the browser test (mk/ui.mk) and the static course site (mk/site.mk).
+include $(wildcard mk/*.mk)
