@@ -1,7 +1,8 @@
 """The alpha-beta cost model of collectives, its fit to measurements, and emulated links.
 
 Used by 03a (fit alpha and beta to measured all-reduce times), 04c (emulated links as a DDP
-comm hook; predicted vs measured speedup) and 07 (the model calibrated here predicts scale).
+comm hook; predicted vs measured speedup), 06a (the bubble formula) and 07 (the model calibrated
+here predicts scale; ``lu.planner`` builds on the step-time models at the end).
 
 Units, everywhere in this module: ``nbytes`` in bytes, times in seconds, ``alpha`` (latency per
 message step) in seconds, ``beta`` (inverse bandwidth) in seconds per byte, so a link of
@@ -18,9 +19,11 @@ collective     ring                                        tree / recursive vari
 all-reduce     2(p-1) a + 2(p-1)/p n b                      tree: 2 L (a + n b) (reduce+bcast)
                                                             recursive_doubling: L (a + n b)
                                                             halving_doubling: 2 L a + 2(p-1)/p n b
-reduce-scatter (p-1) a + (p-1)/p n b                        recursive halving: L a + (p-1)/p n b
-all-gather     (p-1) a + (p-1)/p n b                        recursive doubling: L a + (p-1)/p n b
-broadcast      (L + p-1) a + 2(p-1)/p n b (scatter+ring)    tree / recursive: L (a + n b)
+reduce-scatter (p-1) a + (p-1)/p n b                        recursive_doubling/halving_doubling:
+all-gather     (p-1) a + (p-1)/p n b                          L a + (p-1)/p n b
+                                                            tree (via a root): 2 L a + (L + (p-1)/p) n b
+broadcast      (L + p-1) a + 2(p-1)/p n b (scatter+ring)    tree / recursive_doubling: L (a + n b)
+                                                            halving_doubling: 2 L a + 2(p-1)/p n b
 send/recv      a + n b                                      (same)
 =============  ==========================================  ====================================
 
