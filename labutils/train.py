@@ -1,0 +1,219 @@
+"""The reference training loop every parallel version is compared with, and its DDP twin.
+
+    res = lu.train.train("digits", steps=200, seed=0)           # one process, whole batches
+    res = lu.launch(lu.train.train_worker, "digits", steps=200, world_size=2)[0]  # DDP
+
+Both walk the same seeded sequence of *global* batches (``global_batches``). In the DDP
+version each rank takes its contiguous shard of every global batch (``shard``) and scales its
+mean loss by ``shard_weight`` so that DDP's gradient *average* over ranks equals the gradient of
+the mean loss over the whole global batch, even when the batch does not divide evenly. Hence
+N ranks reproduce one process on the concatenated batch (tests/test_train.py asserts it).
+
+``time_ddp_step`` splits a DDP step into compute and communication (lab 03b_scenarios).
+Used by 02_pytorch_essentials, 03b_scenarios and the DDP labs (04a-04c).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from . import workloads
+from .exercises import make_cases, run_check
+from .timing import Stats
+
+
+@dataclass
+class TrainResult:
+    """What a training run returns (by value, so it travels back from ranks)."""
+    losses: list                      # global-batch mean loss at every step, before its update
+    metrics: list                     # (step, test metric) pairs, every eval_every steps
+    metric_name: str                  # "accuracy" or "perplexity"
+    state_dict: dict = field(repr=False, default_factory=dict)  # final weights (CPU tensors)
+    seconds: float = 0.0              # wall time of the loop (no evaluation)
+
+
+def global_batches(n, batch_size, steps, seed=0):
+    """``steps`` index tensors of ``batch_size`` samples out of ``n``: epochs of a seeded
+    permutation, the last incomplete batch of each epoch dropped. Same on every rank."""
+    if not 1 <= batch_size <= n:
+        raise ValueError(f"batch_size must be in 1..{n} (the training set size); got {batch_size}")
+    g = torch.Generator().manual_seed(seed)
+    batches = []
+    while len(batches) < steps:
+        perm = torch.randperm(n, generator=g)
+        for i in range(0, n - batch_size + 1, batch_size):
+            if len(batches) == steps:
+                break
+            batches.append(perm[i:i + batch_size])
+    return batches
+
+
+def shard(batch, rank, world_size):
+    """Rank ``rank``'s contiguous slice of ``batch`` along dim 0 (sizes differ by at most 1)."""
+    return torch.tensor_split(batch, world_size)[rank]
+
+
+def shard_weight(global_size, rank, world_size):
+    """Factor for rank ``rank``'s mean loss so the ranks' *average* gradient is the gradient of
+    the mean loss over all ``global_size`` samples: world_size * local_size / global_size."""
+    local = global_size // world_size + (rank < global_size % world_size)  # as tensor_split
+    return world_size * local / global_size
+
+
+def shard_batch(batch, rank, world_size):
+    """Exercise reference: ``(local_batch, loss_weight)`` for rank ``rank``."""
+    return shard(batch, rank, world_size), shard_weight(len(batch), rank, world_size)
+
+
+def _check_args(workload, steps, batch_size, world_size):
+    wl = workloads.get(workload) if isinstance(workload, str) else workload
+    batch_size = batch_size or wl.batch_size
+    if batch_size < world_size:
+        raise ValueError(f"batch_size {batch_size} < world_size {world_size}: every rank "
+                         f"needs at least one sample; use batch_size >= {world_size}")
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1; got {steps}")
+    global_batches(len(wl.train_set[1]), batch_size, 0)  # validates batch_size
+    return wl, batch_size
+
+
+def _fit(wl, model, steps, batch_size, seed, lr, eval_every, rank, world_size):
+    """The loop itself; ``model`` may be DDP-wrapped (then gradients are averaged in backward)."""
+    opt = wl.make_optimizer(model.parameters(), lr)
+    X, y = wl.train_set
+    module = getattr(model, "module", model)
+    losses, metrics, seconds = [], [], 0.0
+    for step, idx in enumerate(global_batches(len(y), batch_size, steps, seed), start=1):
+        t0 = time.perf_counter()
+        xb, yb = shard(X[idx], rank, world_size), shard(y[idx], rank, world_size)
+        loss = wl.loss_fn(model(xb), yb) * shard_weight(batch_size, rank, world_size)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        report = loss.detach().clone()
+        if world_size > 1:  # the global-batch mean loss, the number one process would print
+            dist.all_reduce(report)
+            report /= world_size
+        seconds += time.perf_counter() - t0
+        losses.append(float(report))
+        if eval_every and (step % eval_every == 0 or step == steps):
+            metrics.append((step, wl.metric(module)))
+    state = {k: v.detach().clone() for k, v in module.state_dict().items()}
+    return TrainResult(losses, metrics, wl.metric_name, state, seconds)
+
+
+def train(workload, steps=100, batch_size=None, seed=0, lr=None, eval_every=0):
+    """Single-process reference: train ``workload`` (a name or a Workload) for ``steps`` steps.
+
+    The model starts from ``make_model(seed)`` and sees ``global_batches(..., seed)``; the same
+    arguments give the same losses and weights. ``eval_every=k`` records the test metric every
+    k steps and at the end. Returns a ``TrainResult``.
+    """
+    wl, batch_size = _check_args(workload, steps, batch_size, 1)
+    return _fit(wl, wl.make_model(seed), steps, batch_size, seed, lr, eval_every, 0, 1)
+
+
+def train_worker(rank, world_size, workload="digits", steps=100, batch_size=None, seed=0,
+                 lr=None, eval_every=0):
+    """The same loop on ``world_size`` ranks with ``DistributedDataParallel``: each rank trains
+    on its shard of every global batch. Run with ``lu.launch`` or ``python -m labutils.run``;
+    validate first with ``check_train_args`` (ranks cannot ask the caller to fix input)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    wl, batch_size = _check_args(workload, steps, batch_size, world_size)
+    model = DDP(wl.make_model(seed)) if world_size > 1 else wl.make_model(seed)
+    return _fit(wl, model, steps, batch_size, seed, lr, eval_every, rank, world_size)
+
+
+def check_train_args(workload, steps=100, batch_size=None, world_size=1):
+    """Raise a clear ValueError in the caller, before ranks start, for arguments that cannot work."""
+    if isinstance(workload, str) and workload not in workloads.NAMES:
+        raise ValueError(f"unknown workload {workload!r}; choose one of "
+                         f"{', '.join(workloads.NAMES)}")
+    _check_args(workload, steps, batch_size, world_size)
+
+
+# ---- compute vs communication (03b_scenarios) ------------------------------------------------
+
+def time_ddp_step(rank, world_size, workload="digits", batch_size=None, repeats=10, seed=0):
+    """Median seconds of one training step on this rank, split three ways, measured interleaved:
+
+    * ``compute``: forward, backward and update of the local shard under ``no_sync()`` (no
+      communication at all);
+    * ``ddp``: the same step with DDP's gradient all-reduce (overlapped with backward);
+    * ``allreduce``: all-reducing one gradient-sized buffer alone (the communication).
+
+    Returns a dict of ``Stats`` plus the gradient size in bytes. ``batch_size`` is global.
+    """
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    wl, batch_size = _check_args(workload, 1, batch_size, world_size)
+    model = DDP(wl.make_model(seed))
+    opt = wl.make_optimizer(model.parameters())
+    X, y = wl.train_set
+    idx = global_batches(len(y), batch_size, 1, seed)[0]
+    xb, yb = shard(X[idx], rank, world_size), shard(y[idx], rank, world_size)
+    flat = torch.zeros(sum(p.numel() for p in model.parameters()))
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        wl.loss_fn(model(xb), yb).backward()
+        opt.step()
+
+    def compute():
+        with model.no_sync():
+            step()
+
+    def allreduce():
+        dist.all_reduce(flat)
+
+    times = {"compute": [], "ddp": [], "allreduce": []}
+    for i in range(repeats + 1):  # the first round is warm-up
+        for name, fn in (("compute", compute), ("ddp", step), ("allreduce", allreduce)):
+            dist.barrier()  # start together, so no rank's time includes waiting for another
+            t0 = time.perf_counter()
+            fn()
+            if i:
+                times[name].append(time.perf_counter() - t0)
+    result = {name: Stats.of(v) for name, v in times.items()}
+    result["grad_bytes"] = flat.numel() * flat.element_size()
+    return result
+
+
+# ---- exercise: shard a global batch so N ranks reproduce one process ------------------------
+
+def _shard_batch_harness(rank, world_size, learner_fn, seed, n):
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(3, 2)
+    g = torch.Generator().manual_seed(seed)
+    X, y = torch.randn(n, 3, generator=g), torch.randn(n, 2, generator=g)
+    torch.nn.functional.mse_loss(model(X), y).backward()
+    expected_grads = {k: p.grad.clone() for k, p in model.named_parameters()}
+    model.zero_grad()
+    # Which samples did each rank take? Shard the sample numbers themselves.
+    mine, _ = learner_fn(torch.arange(n), rank, world_size)
+    everyone = [None] * world_size
+    dist.all_gather_object(everyone, [int(i) for i in mine])
+    taken = [i for ids in everyone for i in ids]
+    missing = [i for i in range(n) if i not in taken]
+    twice = sorted({i for i in taken if taken.count(i) > 1})
+    coverage = ("each sample on exactly one rank" if not missing and not twice else
+                f"sample {missing[0]} on no rank" if missing else f"sample {twice[0]} on two ranks")
+    (xs, weight), (ys, _) = learner_fn(X, rank, world_size), learner_fn(y, rank, world_size)
+    (torch.nn.functional.mse_loss(model(xs), ys) * weight).backward()
+    for p in model.parameters():  # what DDP does: average the gradients over the ranks
+        dist.all_reduce(p.grad)
+        p.grad /= world_size
+    got_grads = {k: p.grad.clone() for k, p in model.named_parameters()}
+    return ({"samples": "each sample on exactly one rank", "gradient": expected_grads},
+            {"samples": coverage, "gradient": got_grads})
+
+
+def check_shard_batch(learner_fn, *, timeout=20.0):
+    """Check ``learner_fn(batch, rank, world_size) -> (local_batch, loss_weight)``: every sample
+    on exactly one rank, and the ranks' averaged gradient of ``weight * mean loss`` equal to the
+    single-process gradient on the whole batch (global sizes that do and do not divide)."""
+    cases = [{"world_size": 2, "seed": 1, "n": 7}, {"world_size": 3, "seed": 2, "n": 10},
+             *make_cases(world_sizes=(2, 3), per_world_size=1, seed=3, n=[6, 9, 11])]
+    return run_check("shard_batch", learner_fn, _shard_batch_harness, cases, timeout=timeout)

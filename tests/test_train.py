@@ -1,0 +1,129 @@
+"""labutils.train: the reference loop is deterministic; global batches, shards and loss weights
+partition a batch exactly; 2-rank DDP (train_worker) ends with the same weights and losses as one
+process on the whole batch, for every workload, also when the batch does not split evenly; the
+shard_batch checker accepts the reference and names what is wrong in typical mistakes."""
+import pytest
+import torch
+
+import labutils as lu
+from labutils import train
+
+pytestmark = [pytest.mark.lab03b]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One intra-op thread: on a shared, busy 2-core machine two spinning threads per process
+    make these small models several times slower. Results do not depend on it."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+
+def test_global_batches_are_seeded_epochs():
+    batches = train.global_batches(10, 4, steps=5, seed=0)
+    assert [len(b) for b in batches] == [4] * 5
+    # Two full batches per epoch (the last 2 samples dropped), no repeats inside an epoch.
+    assert len(set(torch.cat(batches[:2]).tolist())) == 8
+    assert len(set(torch.cat(batches[2:4]).tolist())) == 8
+    again = train.global_batches(10, 4, steps=5, seed=0)
+    assert all(torch.equal(a, b) for a, b in zip(batches, again))
+    other = train.global_batches(10, 4, steps=5, seed=1)
+    assert not all(torch.equal(a, b) for a, b in zip(batches, other))
+    with pytest.raises(ValueError, match="batch_size must be in 1..10"):
+        train.global_batches(10, 11, steps=1)
+
+
+@pytest.mark.parametrize("n,world_size", [(8, 2), (7, 2), (10, 3), (3, 3)])
+def test_shards_partition_the_batch_and_weights_average_to_one(n, world_size):
+    batch = torch.arange(n)
+    parts = [train.shard(batch, r, world_size) for r in range(world_size)]
+    assert torch.equal(torch.cat(parts), batch)
+    weights = [train.shard_weight(n, r, world_size) for r in range(world_size)]
+    # weight_r = world_size * n_r / n, so the weights average to exactly 1
+    assert sum(weights) / world_size == pytest.approx(1.0)
+    assert [w * n / world_size for w in weights] == pytest.approx([len(p) for p in parts])
+
+
+def test_reference_loop_is_deterministic_and_learns():
+    a = train.train("digits", steps=30, seed=0, eval_every=30)
+    b = train.train("digits", steps=30, seed=0, eval_every=30)
+    assert a.losses == b.losses and a.metrics == b.metrics
+    for k in a.state_dict:
+        torch.testing.assert_close(a.state_dict[k], b.state_dict[k], rtol=0, atol=0)
+    assert a.losses[-1] < 0.5 * a.losses[0]
+    assert a.metrics[0][0] == 30 and a.metrics[0][1] > 0.5
+    c = train.train("digits", steps=3, seed=1)
+    assert c.losses[0] != a.losses[0]
+
+
+def test_bad_arguments_are_refused_in_the_caller():
+    with pytest.raises(ValueError, match="choose one of digits, text, video"):
+        train.check_train_args("speech")
+    with pytest.raises(ValueError, match="use batch_size >= 4"):
+        train.check_train_args("digits", batch_size=3, world_size=4)
+    with pytest.raises(ValueError, match="steps must be >= 1"):
+        train.check_train_args("digits", steps=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,batch_size", [("digits", 63), ("text", 16), ("video", 32)])
+def test_two_rank_ddp_equals_one_process_on_the_whole_batch(name, batch_size):
+    kwargs = dict(steps=4, batch_size=batch_size, seed=3)
+    reference = train.train(name, **kwargs)
+    results = lu.launch(train.train_worker, name, world_size=2, **kwargs)
+    for result in results:
+        torch.testing.assert_close(result.losses, reference.losses)
+        assert result.state_dict.keys() == reference.state_dict.keys()
+        for key, expected in reference.state_dict.items():
+            torch.testing.assert_close(result.state_dict[key], expected, msg=key)
+
+
+@pytest.mark.slow
+def test_time_ddp_step_reports_compute_ddp_and_allreduce():
+    out = lu.launch(train.time_ddp_step, "digits", repeats=2, world_size=2)
+    for rank_out in out:
+        assert set(rank_out) == {"compute", "ddp", "allreduce", "grad_bytes"}
+        assert rank_out["grad_bytes"] == 38282 * 4
+        assert rank_out["compute"].n == 2 and rank_out["compute"].median > 0
+
+
+# ---- the shard_batch exercise -------------------------------------------------------------
+
+def chunk_without_weight(batch, rank, world_size):
+    return batch.chunk(world_size)[rank], 1.0         # wrong when the batch does not divide
+
+
+def drops_the_remainder(batch, rank, world_size):
+    per_rank = len(batch) // world_size
+    return batch[rank * per_rank:(rank + 1) * per_rank], 1.0
+
+
+def strided_without_weight(batch, rank, world_size):
+    return batch[rank::world_size], 1.0
+
+
+def stub(batch, rank, world_size):
+    # FILL ME IN
+    raise NotImplementedError
+
+
+@pytest.mark.slow
+def test_check_shard_batch_accepts_the_reference():
+    result = lu.check_shard_batch(train.shard_batch)
+    assert result.passed, result.message
+    assert "passed" in result.message
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("wrong,words", [
+    (chunk_without_weight, "key 'gradient'"),
+    (drops_the_remainder, "sample 6 on no rank"),
+    (strided_without_weight, "key 'gradient'"),
+    (stub, "not implemented yet"),
+])
+def test_check_shard_batch_rejects_typical_mistakes(wrong, words):
+    result = lu.check_shard_batch(wrong)
+    assert not result.passed
+    assert words in result.message, result.message
