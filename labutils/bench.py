@@ -20,6 +20,7 @@ from .timing import Stats, interleaved
 # name -> "module:function"; each lab adds its own line.
 BENCHMARKS = {
     "launch": "labutils.bench:bench_launch",
+    "pipeline": "labutils.pipeline:bench_pipeline",
     "collectives": "labutils.collectives:bench_collectives",
     "costmodel": "labutils.bench:bench_costmodel",
 }
