@@ -7,6 +7,7 @@ the whole model (``reference_step``).
 """
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -165,7 +166,7 @@ def backward_from(output, grad_output):
 
 # ---- the lesson: forward sends activations, backward sends gradients ------------------------
 
-def naive_forward(layout, stage, x, in_shape):
+def naive_forward(layout, stage, x, in_shape, tl):
     """Receive this stage's input (or take the batch), run the stage, pass the output on."""
     if layout.pp_is_first_stage:
         stage_input = x
@@ -173,7 +174,8 @@ def naive_forward(layout, stage, x, in_shape):
         stage_input = torch.empty(in_shape)
         dist.recv(stage_input, src=layout.prev_rank)
         stage_input.requires_grad_()          # we need d loss / d input to send it back
-    stage_output = stage(stage_input)
+    with tl.span("forward"):                  # compute only: waiting in recv is idle time
+        stage_output = stage(stage_input)
     if not layout.pp_is_last_stage:
         dist.send(stage_output.detach(), dst=layout.next_rank)
     return stage_input, stage_output
@@ -207,12 +209,14 @@ def naive_model_parallel_worker(rank, world_size, model_fn, x, y, shapes, sizes=
     losses, grads, output = [], None, None
 
     def train_step():
-        with tl.span("forward"):
-            stage_input, stage_output = naive_forward(layout, stage, x, shapes[rank])
-            loss = (nn.functional.mse_loss(stage_output, y) if layout.pp_is_last_stage
-                    else None)
-        with tl.span("backward"):
-            backward_fn(rank, world_size, stage_input, stage_output, loss)
+        stage_input, stage_output = naive_forward(layout, stage, x, shapes[rank], tl)
+        loss = nn.functional.mse_loss(stage_output, y) if layout.pp_is_last_stage else None
+        # The backward span starts when autograd reaches this stage's output (after the recv
+        # inside backward_fn), so the timeline shows waiting as idle.
+        began = [time.perf_counter()]
+        stage_output.grad_fn.register_prehook(lambda grads: began.append(time.perf_counter()))
+        backward_fn(rank, world_size, stage_input, stage_output, loss)
+        tl.add("backward", began[-1], time.perf_counter())
         return stage_output.detach(), (loss.item() if loss is not None else None)
 
     dist.barrier()                            # start the clocks together
