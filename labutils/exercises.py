@@ -25,7 +25,6 @@ import random
 import re
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
