@@ -1,0 +1,157 @@
+"""labutils.ddp: each from-scratch DDP version equals single-process training and PyTorch DDP."""
+import pytest
+import torch
+
+import labutils as lu
+from labutils import ddp
+
+VERSIONS = ("naive", "hooks", "bucketed", "torch")
+
+
+def _all_versions(rank, world_size, aux_pattern, versions):
+    return {v: ddp.train_data_parallel(rank, world_size, v, steps=4, batch_size=12,
+                                       aux_pattern=aux_pattern) for v in versions}
+
+
+def _assert_all_equal(results, reference, versions):
+    for rank, per_version in enumerate(results):
+        for v in versions:
+            weights, _ = per_version[v]
+            torch.testing.assert_close(weights, reference, msg=lambda m: f"{v}, rank {rank}: {m}")
+        # and to PyTorch's DistributedDataParallel, weight by weight
+        for v in versions:
+            torch.testing.assert_close(per_version[v][0], per_version["torch"][0])
+
+
+@pytest.mark.lab04a
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_every_version_equals_single_process_and_torch_ddp(world_size):
+    # aux branch unused on every rank in odd steps: its grad stays None there, as in DDP
+    reference = ddp.train_reference(steps=4, batch_size=12, world_size=world_size)
+    results = lu.launch(_all_versions, "even", VERSIONS, world_size=world_size)
+    _assert_all_equal(results, reference, VERSIONS)
+    counts = {v: results[0][v][1]["allreduces"] for v in ("naive", "hooks", "bucketed")}
+    # naive: 1 usage + 1 per parameter per step; hooks: 1 per parameter that got a gradient
+    n_params = len(list(ddp.MixedNet().parameters()))
+    assert counts["naive"] == 4 * (1 + n_params)
+    assert counts["hooks"] == 4 * n_params - 2 * 2  # aux.weight and aux.bias skip 2 steps
+    assert counts["bucketed"] < counts["hooks"]
+
+
+@pytest.mark.lab04a
+@pytest.mark.slow
+def test_parameter_used_on_one_rank_only():
+    # aux runs only on rank 0: the others contribute zeros to its average
+    reference = ddp.train_reference(steps=4, batch_size=12, aux_pattern="rank0")
+    versions = ("naive", "bucketed", "torch")
+    results = lu.launch(_all_versions, "rank0", versions, world_size=2)
+    _assert_all_equal(results, reference, versions)
+
+
+@pytest.mark.lab04a
+def test_assign_buckets_reverse_order_and_cap():
+    model = ddp.MixedNet()
+    params = list(model.parameters())
+    buckets = ddp.assign_buckets(params, bucket_cap_mb=0.02)  # 20971 bytes: 5242 floats
+    flat = [p for b in buckets for p in b]
+    assert [id(p) for p in flat] == [id(p) for p in reversed(params)]
+    for b in buckets:  # under the cap unless a single parameter is bigger than it
+        assert len(b) == 1 or sum(p.numel() * 4 for p in b) <= 0.02 * 2**20
+    big = [b for b in buckets if any(p is model.big.weight for p in b)]
+    assert big == [[model.big.weight]]
+    assert len(ddp.assign_buckets(params, 25.0)) == 1
+
+
+@pytest.mark.lab04a
+def test_used_parameters_follows_the_graph():
+    model = ddp.MixedNet()
+    x = torch.randn(3, 16)
+    with_aux = ddp.used_parameters(model(x, use_aux=True))
+    without = ddp.used_parameters(model(x, use_aux=False))
+    assert with_aux == {id(p) for p in model.parameters()}
+    assert without == with_aux - {id(model.aux.weight), id(model.aux.bias)}
+
+
+def _missing_grad(rank, world_size):
+    model = ddp.BucketedDDP(ddp.MixedNet(), bucket_cap_mb=0.02)  # find_unused_parameters=False
+    model(torch.randn(2, 16), use_aux=False).sum().backward()
+
+
+@pytest.mark.lab04a
+@pytest.mark.slow
+def test_unused_parameter_without_find_unused_is_a_clear_error():
+    with pytest.raises(lu.WorkerError, match="find_unused_parameters=True"):
+        lu.launch(_missing_grad, world_size=2)
+
+
+@pytest.mark.lab04a
+def test_bad_bucket_cap_refused():
+    with pytest.raises(ValueError, match="bucket_cap_mb must be > 0"):
+        ddp.BucketedDDP(ddp.MixedNet(), bucket_cap_mb=0)
+
+
+# ---- exercise checkers ------------------------------------------------------------------
+
+def _forgot_divide(model):
+    import torch.distributed as dist
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad)
+
+
+def _rank0_gradients(model):  # copies rank 0's gradient instead of averaging
+    import torch.distributed as dist
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.broadcast(p.grad, src=0)
+
+
+@pytest.mark.lab04a
+@pytest.mark.slow
+def test_check_sync_gradients():
+    assert lu.check_sync_gradients(ddp.naive_allreduce_grads).passed
+    wrong = lu.check_sync_gradients(_forgot_divide)
+    assert not wrong.passed and "expected" in wrong.message and "rank" in wrong.message
+    wrong = lu.check_sync_gradients(_rank0_gradients)
+    assert not wrong.passed and "expected" in wrong.message
+
+
+def _forward_order(params, cap):
+    return ddp.assign_buckets(list(reversed(list(params))), cap)
+
+
+def _one_bucket(params, cap):
+    return [list(reversed(list(params)))]
+
+
+@pytest.mark.lab04a
+@pytest.mark.slow
+def test_check_assign_buckets():
+    assert lu.check_assign_buckets(ddp.assign_buckets).passed
+    for wrong_fn in (_forward_order, _one_bucket):
+        wrong = lu.check_assign_buckets(wrong_fn)
+        assert not wrong.passed and "expected" in wrong.message
+
+
+def _without_no_sync(ddp_model, micro_batches, loss_fn):  # right gradients, k all-reduces
+    for X, y in micro_batches:
+        (loss_fn(ddp_model(X), y) / len(micro_batches)).backward()
+
+
+def _unscaled(ddp_model, micro_batches, loss_fn):  # one all-reduce, gradients k times too big
+    *first, (X, y) = micro_batches
+    with ddp_model.no_sync():
+        for Xb, yb in first:
+            loss_fn(ddp_model(Xb), yb).backward()
+    loss_fn(ddp_model(X), y).backward()
+
+
+@pytest.mark.lab04b
+@pytest.mark.slow
+def test_check_no_sync_accumulation():
+    assert lu.check_no_sync_accumulation(ddp.accumulate_with_no_sync).passed
+    wrong = lu.check_no_sync_accumulation(_without_no_sync)
+    assert not wrong.passed and "backward passes that all-reduced" in wrong.message
+    wrong = lu.check_no_sync_accumulation(_unscaled)
+    assert not wrong.passed and "gradients" in wrong.message
