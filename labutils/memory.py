@@ -12,7 +12,9 @@ The formula (Rajbhandari et al., "ZeRO", SC 2020, section 3): a step with ``P`` 
 * activations  what autograd saves for backward in one forward pass: counted here with
   ``torch.autograd.graph.saved_tensors_hooks`` (every tensor packed for backward, each storage
   once, parameters excluded because they are already counted), so no per-layer table can drift.
-* temporary    scratch of the op running at the peak: twice the largest weight or activation.
+* temporary    scratch of the op running at the peak: twice the largest weight (Adam's
+  temporaries, a fresh gradient), or, walking backward, two activation gradients on top of
+  the saved activations not yet freed, whichever is larger.
 
 ``measure_peak(fn)`` measures the real thing: CPU tensors have no
 ``torch.cuda.max_memory_allocated``, but the CPU allocator reports every allocation and free to
@@ -95,12 +97,18 @@ def model_memory(model, optimizer="adam", dtype_bytes=4, batch=None, example_inp
     n = count_parameters(model)
     if master_weights is None:
         master_weights = dtype_bytes < 4
-    acts = largest_act = 0
+    acts = backward_extra = 0
     if example_input is not None:
-        saved = saved_storages(model, example_input)
+        saved = list(saved_storages(model, example_input).values())  # in forward order
         scale = 1.0 if batch is None else batch / example_input.shape[0]
-        acts = int(sum(saved.values()) * scale)
-        largest_act = int(max(saved.values(), default=0) * scale)
+        saved = [int(b * scale) for b in saved]
+        acts = sum(saved)
+        # Backward frees saved tensors as it walks back; at the layer that saved tensor k, the
+        # tensors saved before k are still live, plus two gradients about tensor k's size.
+        prefix = 0
+        for size in saved:
+            prefix += size
+            backward_extra = max(backward_extra, prefix + 2 * size - acts)
     largest_param = max((p.numel() for p in model.parameters() if p.requires_grad), default=0)
     out = {"parameters": n,
            "weights": n * dtype_bytes,
@@ -108,9 +116,9 @@ def model_memory(model, optimizer="adam", dtype_bytes=4, batch=None, example_inp
            "optimizer": n * 4 * (OPTIMIZER_STATES[optimizer] + int(master_weights)),
            "activations": acts,
            # Scratch of one op at a time, never kept: two tensors the size of the largest
-           # weight (Adam's sqrt and divide; a fresh gradient before it is added to .grad) or
-           # of the largest activation (its gradient beside its input's gradient in backward).
-           "temporary": 2 * max(largest_param * dtype_bytes, largest_act)}
+           # weight (Adam's sqrt and divide; a fresh gradient before it is added to .grad), or
+           # in backward two activation gradients beside the activations not yet freed.
+           "temporary": max(2 * largest_param * dtype_bytes, backward_extra)}
     out["total"] = sum(out[t] for t in TERMS)
     return out
 
