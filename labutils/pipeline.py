@@ -279,7 +279,7 @@ def torch_pipeline_worker(rank, world_size, model_fn, x, y, schedules=("gpipe", 
             elif rank == world_size - 1:
                 mb_losses = []
                 pipe.step(target=y, losses=mb_losses)
-                losses.append(float(sum(mb_losses)) / n_microbatches)
+                losses.append(float(sum(l.detach() for l in mb_losses)) / n_microbatches)
             else:
                 pipe.step()
             if grads is None:
