@@ -23,6 +23,7 @@ BENCHMARKS = {
     "pipeline": "labutils.pipeline:bench_pipeline",
     "collectives": "labutils.collectives:bench_collectives",
     "costmodel": "labutils.bench:bench_costmodel",
+    "zero": "labutils.sharding:bench_zero",
 }
 
 
