@@ -23,6 +23,7 @@ BENCHMARKS = {
     "pipeline": "labutils.pipeline:bench_pipeline",
     "collectives": "labutils.collectives:bench_collectives",
     "costmodel": "labutils.bench:bench_costmodel",
+    "ddp": "labutils.profile:bench_ddp",
     "zero": "labutils.sharding:bench_zero",
 }
 

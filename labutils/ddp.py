@@ -22,6 +22,9 @@ all-reduces must be issued in the same order on every rank).
 """
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 import time
 
 import torch
@@ -300,6 +303,23 @@ def uses_aux(step, rank=0, pattern="even"):
     return step % 2 == 0 if pattern == "even" else rank == 0
 
 
+@contextlib.contextmanager
+def _silence_stderr(enabled=True):
+    """Send this process's file descriptor 2 (C++ warnings too) to /dev/null for a while."""
+    if not enabled:
+        yield
+        return
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
 def train_reference(steps=4, batch_size=12, seed=0, lr=0.1, aux_pattern="even", world_size=2):
     """Single process, whole batch: the result every data-parallel version must reproduce."""
     torch.manual_seed(seed)
@@ -341,19 +361,22 @@ def train_data_parallel(rank, world_size, version="bucketed", steps=4, batch_siz
         wrapped = model
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     shard = batch_size // world_size
-    for step, (X, y) in enumerate(make_batches(steps, batch_size, seed=seed + 1)):
-        X, y = X[rank * shard:(rank + 1) * shard], y[rank * shard:(rank + 1) * shard]
-        opt.zero_grad()
-        loss = nn.functional.mse_loss(wrapped(X, use_aux=uses_aux(step, rank, aux_pattern)), y)
-        loss.backward()
-        if version == "naive":
-            naive_allreduce_grads(model)
-        elif version == "hooks":
-            counts["allreduces"] += len(wrapped.pending)
-            wrapped.wait()
-        elif version == "custom":
-            sync(model)
-        opt.step()
+    # DDP's C++ side warns, with a timestamp, on each step that uses every parameter although
+    # find_unused_parameters=True; expected here, so it is kept out of the notebooks' output
+    with _silence_stderr(version == "torch"):
+        for step, (X, y) in enumerate(make_batches(steps, batch_size, seed=seed + 1)):
+            X, y = X[rank * shard:(rank + 1) * shard], y[rank * shard:(rank + 1) * shard]
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(wrapped(X, use_aux=uses_aux(step, rank, aux_pattern)), y)
+            loss.backward()
+            if version == "naive":
+                naive_allreduce_grads(model)
+            elif version == "hooks":
+                counts["allreduces"] += len(wrapped.pending)
+                wrapped.wait()
+            elif version == "custom":
+                sync(model)
+            opt.step()
     if version == "naive":
         counts["allreduces"] = steps * (1 + len(list(model.parameters())))
     elif version == "bucketed":
@@ -406,8 +429,9 @@ def check_assign_buckets(learner_fn, *, timeout=20.0):
 
 # ---- communication hooks and what they send (04b) --------------------------------------------
 
-def bf16_compress_hook(group, bucket):
-    """Average in bfloat16 (PyTorch's ``bf16_compress_hook`` refuses CPU tensors)."""
+def bf16_allreduce_hook(group, bucket):
+    """Average in bfloat16. PyTorch's ``bf16_compress_hook`` refuses CPU tensors, and DDP
+    refuses any hook of that *name* without CUDA and NCCL, hence another name."""
     buffer = bucket.buffer()
     compressed = buffer.to(torch.bfloat16).div_(dist.get_world_size(group))
     fut = dist.all_reduce(compressed, group=group, async_op=True).get_future()
@@ -452,7 +476,7 @@ def register_hook(ddp_model, name):
     elif name == "fp16":
         ddp_model.register_comm_hook(None, default_hooks.fp16_compress_hook)
     elif name == "bf16":
-        ddp_model.register_comm_hook(None, bf16_compress_hook)
+        ddp_model.register_comm_hook(None, bf16_allreduce_hook)
     else:  # rank-1 approximation after 10 plain steps, with error feedback (Vogels et al. 2019)
         state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1,
                                             start_powerSGD_iter=10, min_compression_rate=2)

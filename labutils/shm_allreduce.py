@@ -161,3 +161,26 @@ def shm_allreduce_hook(state, bucket):
     fut = torch.futures.Future()
     fut.set_result(tensor)
     return fut
+
+
+# ---- exercise checker (04c): lu.check_bus_bandwidth -------------------------------------------
+
+def _bus_bandwidth_harness(rank, world_size, learner_fn, seed):
+    import random
+
+    from .profile import bus_bandwidth
+    rng = random.Random(seed * 10 + rank)
+    cases = [(rng.choice([1 << 10, 1 << 20, 64 << 20]), rng.uniform(1e-4, 0.5), world_size)
+             for _ in range(3)]
+    expected = [bus_bandwidth(*c) for c in cases]
+    got = [learner_fn(*c) for c in cases]
+    return expected, got
+
+
+def check_bus_bandwidth(learner_fn, *, timeout=30.0):
+    """Check ``learner_fn(nbytes, seconds, world_size) -> bytes/s``: an all-reduce's bus
+    bandwidth, the figure comparable across world sizes and with a link's speed."""
+    from .exercises import make_cases, run_check
+    cases = make_cases(world_sizes=(2, 3, 4), per_world_size=1, seed=2)
+    return run_check("bus_bandwidth", learner_fn, _bus_bandwidth_harness, cases,
+                     timeout=timeout, rtol=1e-6)

@@ -155,3 +155,32 @@ def test_check_no_sync_accumulation():
     assert not wrong.passed and "backward passes that all-reduced" in wrong.message
     wrong = lu.check_no_sync_accumulation(_unscaled)
     assert not wrong.passed and "gradients" in wrong.message
+
+
+def _every_hook(rank, world_size):
+    from labutils import checkpoint
+    return {h: checkpoint.train_script(rank, world_size, steps=14, batch_size=32, hook=h,
+                                       evaluate=True)
+            for h in ddp.HOOKS}
+
+
+@pytest.mark.lab04b
+@pytest.mark.slow
+def test_compression_hooks_run_and_report_bytes():
+    results = lu.launch(_every_hook, world_size=2)[0]
+    plain = results[None]["allreduce_bytes_per_step"]
+    n_params = sum(p.numel() for p in lu.models.DigitsCNN().parameters())
+    assert plain == 4 * n_params                       # fp32 gradients, once per step
+    assert results["fp16"]["allreduce_bytes_per_step"] == plain / 2
+    assert results["bf16"]["allreduce_bytes_per_step"] == plain / 2
+    # PowerSGD: 10 plain steps, then rank-1 factors; averaged over 14 steps it must send less
+    assert results["powersgd"]["allreduce_bytes_per_step"] < 0.75 * plain
+    for h, r in results.items():
+        assert 0.0 <= r["accuracy"] <= 1.0 and len(r["losses"]) == 14, h
+        assert all(loss == loss for loss in r["losses"].values()), h   # no NaN
+
+
+@pytest.mark.lab04b
+def test_unknown_hook_refused():
+    with pytest.raises(ValueError, match="unknown comm hook 'int8'"):
+        ddp.register_hook(None, "int8")

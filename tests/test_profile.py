@@ -1,0 +1,65 @@
+"""labutils.profile and labutils.plots: bandwidth arithmetic, overlap, timelines from real ranks."""
+import json
+
+import matplotlib
+import pytest
+
+import labutils as lu
+from labutils import plots, profile
+from labutils.timeline import Span, to_chrome_trace
+from labutils.timing import Stats
+
+matplotlib.use("Agg")
+
+
+@pytest.mark.lab04c
+def test_bus_bandwidth_formula():
+    assert profile.bus_bandwidth(1e9, 1.0, 2) == pytest.approx(1e9)      # 2(p-1)/p = 1
+    assert profile.bus_bandwidth(1e9, 1.0, 4) == pytest.approx(1.5e9)    # 2 * 3 / 4
+    with pytest.raises(ValueError, match="world_size >= 2"):
+        profile.bus_bandwidth(1e9, 1.0, 1)
+
+
+@pytest.mark.lab04c
+def test_overlap_fraction_counts_only_same_rank_backward():
+    spans = [Span(0, "backward", 0.0, 1.0), Span(0, "allreduce", 0.5, 1.5),
+             Span(1, "backward", 2.0, 3.0), Span(1, "allreduce", 0.0, 1.0)]
+    assert profile.overlap_fraction(spans) == pytest.approx(0.25)  # 0.5 of 2.0 s hidden
+
+
+@pytest.mark.lab04c
+def test_speedup_and_efficiency_arithmetic():
+    t = {1: Stats.of([2.0, 2.2, 1.8]), 2: Stats.of([1.0, 1.1, 0.9])}
+    s = plots.speedup(t)
+    assert s[1].median == pytest.approx(1.0) and s[2].median == pytest.approx(2.0)
+    assert s[2].min == pytest.approx(1.8 / 1.1) and s[2].max == pytest.approx(2.2 / 0.9)
+    assert plots.efficiency(s)[2].median == pytest.approx(1.0)
+
+
+@pytest.mark.lab04c
+@pytest.mark.slow
+def test_timeline_shows_bucket_allreduces_and_a_perfetto_trace(tmp_path):
+    per_rank = lu.launch(profile.timeline_worker, steps=2, bucket_cap_mb=0.1, world_size=2)
+    for rank, spans in enumerate(per_rank):
+        names = [s.name for s in spans]
+        assert names.count("forward") == 2 and names.count("backward") == 2
+        assert names.count("allreduce") >= 2 * 2          # several buckets per step
+        for s in spans:
+            assert s.rank == rank and s.end >= s.start
+        backward_end = max(s.end for s in spans if s.name == "backward")
+        assert max(s.end for s in spans if s.name == "allreduce") <= backward_end + 1e-3
+    spans = lu.timeline.flatten(per_rank)
+    ax = profile.plot_overlap(spans)
+    assert len(ax.get_yticks()) == 4                      # compute and comm lane per rank
+    trace = json.load(open(to_chrome_trace(spans, str(tmp_path / "t.json"))))
+    assert sum(e["ph"] == "X" for e in trace["traceEvents"]) == len(spans)
+
+
+@pytest.mark.lab04c
+@pytest.mark.slow
+def test_check_bus_bandwidth():
+    assert lu.check_bus_bandwidth(profile.bus_bandwidth).passed
+    wrong = lu.check_bus_bandwidth(lambda n, s, p: n / s)              # algorithm bandwidth
+    assert not wrong.passed and "world_size=3" in wrong.message and "expected" in wrong.message
+    wrong = lu.check_bus_bandwidth(lambda n, s, p: n / s * 2 * (p - 1))  # forgot the / p
+    assert not wrong.passed and "expected" in wrong.message
