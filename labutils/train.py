@@ -127,6 +127,34 @@ def train_worker(rank, world_size, workload="digits", steps=100, batch_size=None
     return _fit(wl, model, steps, batch_size, seed, lr, eval_every, rank, world_size)
 
 
+def train_to_file(rank, world_size, out, workload="digits", steps=20, seed=0):
+    """``train_worker`` for launchers that return nothing (torchrun, ``mp.spawn``): rank 0 saves
+    the losses to ``out`` with ``torch.save``. Returns the last loss, rounded (02's launcher map)."""
+    result = train_worker(rank, world_size, workload, steps, seed=seed)
+    if rank == 0:
+        torch.save(result.losses, out)
+    return round(result.losses[-1], 4)
+
+
+def spawn_entry(index, world_size, init_file, out, workload="digits", steps=20):
+    """Entry point for ``torch.multiprocessing.spawn(spawn_entry, args=(world_size, ...))``.
+
+    spawn starts fresh interpreters that find ``fn`` by importing its module, so it must be a
+    module-level function like this one (a notebook cell's function lives in ``__main__``, which
+    the children cannot import). spawn also leaves the process group to us: rendezvous here
+    goes through a shared file.
+    """
+    import os
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    torch.set_num_threads(max(1, (cores or 1) // world_size))  # as lu.launch: no oversubscription
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=index,
+                            world_size=world_size)
+    try:
+        train_to_file(index, world_size, out, workload, steps)
+    finally:
+        dist.destroy_process_group()
+
+
 def check_train_args(workload, steps=100, batch_size=None, world_size=1):
     """Raise a clear ValueError in the caller, before ranks start, for arguments that cannot work."""
     if isinstance(workload, str) and workload not in workloads.NAMES:
@@ -210,7 +238,7 @@ def _shard_batch_harness(rank, world_size, learner_fn, seed, n):
             {"samples": coverage, "gradient": got_grads})
 
 
-def check_shard_batch(learner_fn, *, timeout=20.0):
+def check_shard_batch(learner_fn, *, timeout=60.0):
     """Check ``learner_fn(batch, rank, world_size) -> (local_batch, loss_weight)``: every sample
     on exactly one rank, and the ranks' averaged gradient of ``weight * mean loss`` equal to the
     single-process gradient on the whole batch (global sizes that do and do not divide)."""

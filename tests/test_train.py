@@ -127,3 +127,14 @@ def test_check_shard_batch_rejects_typical_mistakes(wrong, words):
     result = lu.check_shard_batch(wrong)
     assert not result.passed
     assert words in result.message, result.message
+
+
+@pytest.mark.slow
+def test_train_to_file_saves_the_reference_losses(tmp_path):
+    """The worker 02's launcher map starts under torchrun and mp.spawn (here under lu.launch)."""
+    out = str(tmp_path / "losses.pt")
+    last = lu.launch(train.train_to_file, out, "digits", steps=3, world_size=2)
+    saved = torch.load(out, weights_only=True)
+    reference = train.train("digits", steps=3)
+    torch.testing.assert_close(torch.tensor(saved), torch.tensor(reference.losses))
+    assert last == [round(saved[-1], 4)] * 2
