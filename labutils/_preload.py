@@ -4,6 +4,27 @@ import numpy  # noqa: F401
 import torch  # noqa: F401
 import torch.distributed  # noqa: F401
 import torch.nn  # noqa: F401
+# Imported lazily by torch on first use (an optimiser's constructor pulls in torch._dynamo, a
+# non-scalar backward pulls in sympy), which costs every rank seconds on every launch; here it
+# is paid once. None of these start threads or touch CUDA.
+import torch._dynamo  # noqa: F401
+import torch.fx.experimental.symbolic_shapes  # noqa: F401
+import torch.optim  # noqa: F401
+import torch.nn.parallel  # noqa: F401
+import torch.distributed.algorithms.ddp_comm_hooks  # noqa: F401
+import torch.distributed.checkpoint  # noqa: F401
+import torch.distributed.fsdp  # noqa: F401
+import torch.distributed.pipelining  # noqa: F401
+import torch.distributed.tensor.parallel  # noqa: F401
+import torch.utils.checkpoint  # noqa: F401
 
 import labutils  # noqa: F401
 import labutils.launcher  # noqa: F401
+
+# The course's own modules used inside ranks (a broken one must not take the forkserver down).
+for _name in ("timing", "timeline", "data", "models", "workloads", "train", "collectives",
+              "ddp", "memory", "model_parallel", "pipeline", "tensor_parallel", "sharding"):
+    try:
+        __import__(f"labutils.{_name}")
+    except Exception:  # noqa: BLE001 - that module's own import reports it in the rank
+        pass

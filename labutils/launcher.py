@@ -159,6 +159,14 @@ def _forget_forkserver():
         pass
 
 
+def _exit_barrier(store, world_size):
+    """Return only once every rank has finished ``fn``: a rank that exits early closes its
+    gloo connections under peers still connecting or receiving, and they would fail."""
+    if store.add("finished", 1) == world_size:
+        store.set("all_finished", "1")
+    store.wait(["all_finished"])
+
+
 def _worker(rank, world_size, payload, port, prefix, backend, threads, out_w, res_w,
             stack_path, launcher_pid, timeout):
     global _PROGRESS_CONN
@@ -203,6 +211,7 @@ def _worker(rank, world_size, payload, port, prefix, backend, threads, out_w, re
                             f"({type(result).__name__}): {e}") from None
         sys.stdout.flush(), sys.stderr.flush()
         res_w.send_bytes(message)
+        _exit_barrier(dist.PrefixStore(prefix + "/exit", store), world_size)
         dist.destroy_process_group()
     except BaseException as e:  # noqa: BLE001 - every failure goes back to the caller
         sys.stdout.flush(), sys.stderr.flush()
