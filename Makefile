@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-NBVAL := --nbval --nbval-current-env --nbval-cell-timeout=600 --sanitize-with tests/nbval_sanitize.cfg -p no:randomly
+NBVAL := --nbval --nbval-current-env --nbval-cell-timeout=600 --nbval-sanitize-with tests/nbval_sanitize.cfg -p no:randomly
 
 .PHONY: lab test test-fast test-notebooks bench gpu-check venv clean
 

@@ -76,7 +76,7 @@ LABS = (
 )
 
 
-def markdown_table(link_prefix="notebooks/"):
+def markdown_table(link_prefix="notebooks/", mark_missing=True):
     """The labs as a Markdown table; labs not written yet are marked as coming."""
     head = ("| article chapter | notebook | labutils | what it shows | minutes on a laptop "
             "| CPU/GPU |\n|---|---|---|---|---|---|")
@@ -92,7 +92,7 @@ def markdown_table(link_prefix="notebooks/"):
 def show_map():
     """Display the course map in a notebook (links relative to notebooks/)."""
     from IPython.display import Markdown, display
-    display(Markdown(markdown_table(link_prefix="")))
+    display(Markdown(markdown_table(link_prefix="", mark_missing=False)))
 
 
 README_START, README_END = "<!-- labs:start -->", "<!-- labs:end -->"

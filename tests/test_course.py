@@ -30,4 +30,6 @@ def test_notebook_opens_with_its_chapter_and_objectives(lab):
     assert first.startswith("# "), "the first cell is the lab's title"
     assert any("\u4e00" <= ch <= "\u9fff" for ch in first), "Chinese chapter title beside English"
     text = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
-    assert "objectives" in text.lower() and "Summary" in text and "Exercises" in text
+    text = text.lower()
+    assert "objectives" in text, "learning objectives"
+    assert "summary" in text and "exercise" in text, "a summary and exercises at the end"
