@@ -1,0 +1,181 @@
+"""ZeRO from scratch (labutils.sharding, lab 06c): stages 1-3 equal to plain data parallelism and
+to single-process training over several steps on 2 and 4 real ranks; model state held per rank
+equal to the ZeRO paper's formula; communication volume counted; FSDP2 equal too; a data x
+tensor DeviceMesh equal to one process; bad configurations refused before launch."""
+import pytest
+import torch
+import torch.distributed as dist
+
+import labutils as lu
+from labutils import sharding as sh
+
+pytestmark = pytest.mark.lab06c
+
+SIZES = (32, 64, 64, 8)  # every weight and bias divides by 2 and 4: no padding, exact formula
+
+
+# ---- pure logic --------------------------------------------------------------------------
+
+def test_formula_matches_the_papers_figure_and_the_planner():
+    from labutils.planner import zero_memory_per_gpu
+    psi = 7.5e9  # the paper's figure 1: 7.5B parameters, 64 GPUs, mixed-precision Adam
+    gb = [sh.zero_state_bytes(psi, 64, s, 2, 2, 12) / 1e9 for s in range(4)]
+    assert [round(g, 2) for g in gb] == [120.0, 31.41, 16.64, 1.88]
+    for stage in range(4):
+        assert sh.zero_state_bytes(psi, 64, stage, 2, 2, 12) == pytest.approx(
+            zero_memory_per_gpu(psi, 64, stage))
+
+
+def test_padding_and_volume_formula():
+    assert [sh.padded(n, 4) for n in (8, 9, 12)] == [8, 12, 12]
+    flat = sh.flat_padded(torch.arange(5.0), 4)
+    assert flat.tolist() == [0, 1, 2, 3, 4, 0, 0, 0]
+    assert [sh.zero_volume_formula(s) for s in range(4)] == [2, 2, 2, 3]
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"kind": "zero4"}, "kind must be one of dp, zero1, zero2, zero3, fsdp"),
+    ({"kind": "zero2", "world_size": 4, "batch": 6}, "batch 6 does not split evenly over 4"),
+])
+def test_bad_training_config_refused_before_launch(monkeypatch, kwargs, words):
+    monkeypatch.setattr(lu.launcher, "launch", lambda *a, **k: pytest.fail("launched"))
+    with pytest.raises(ValueError, match=words):
+        sh.run_training(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"world_size": 4, "mesh_shape": (2, 3)}, r"mesh 2 x 3 = 6 ranks but world_size is 4"),
+    ({"world_size": 4, "mesh_shape": (1, 4), "hidden": 18}, "hidden size 18 is not divisible"),
+])
+def test_bad_mesh_refused_before_launch(monkeypatch, kwargs, words):
+    monkeypatch.setattr(lu.launcher, "launch", lambda *a, **k: pytest.fail("launched"))
+    with pytest.raises(ValueError, match=words):
+        sh.run_mesh_2d(**kwargs)
+
+
+def test_same_training_comparison_can_fail():
+    ref = sh.train_single(SIZES, steps=2)
+    wrong = {"losses": ref["losses"], "params": [p + 1e-3 for p in ref["params"]]}
+    with pytest.raises(AssertionError, match="parameter 0"):
+        sh.assert_same_training(wrong, ref)
+
+
+# ---- real ranks ---------------------------------------------------------------------------
+
+def _collectives(rank, world_size):
+    x = torch.arange(8.0) * (rank + 1)
+    shard = sh.reduce_scatter_mean(x.clone(), sh.ShardLayout(rank, world_size))
+    return shard, sh.all_gather_flat(shard, sh.ShardLayout(rank, world_size))
+
+
+@pytest.mark.slow
+def test_gloo_reduce_scatter_and_all_gather_on_cpu():
+    mean = torch.arange(8.0) * 1.5  # (1 + 2) / 2
+    for rank, (shard, full) in enumerate(lu.launch(_collectives, world_size=2)):
+        torch.testing.assert_close(shard, mean[4 * rank:4 * rank + 4])
+        torch.testing.assert_close(full, mean)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_every_stage_equals_data_parallel_and_one_process(world_size):
+    psi = sum(p.numel() for p in sh.make_problem(SIZES)[0].parameters())
+    single = sh.train_single(SIZES, batch=16, steps=3)
+    dp = sh.run_training("dp", world_size, sizes=SIZES, batch=16, steps=3)
+    sh.assert_same_training(dp, single, "data parallel vs one process")
+    for stage in (1, 2, 3):
+        res = sh.run_training(f"zero{stage}", world_size, sizes=SIZES, batch=16, steps=3)
+        sh.assert_same_training(res, dp, f"ZeRO-{stage} vs data parallel")
+        held = sum(res["state"].values())
+        assert held == sh.zero_state_bytes(psi, world_size, stage)  # exact: no padding here
+        assert res["volume_bytes_per_step"] == sh.zero_volume_formula(stage) * 4 * psi
+    assert sum(dp["state"].values()) == 16 * psi
+    assert dp["volume_bytes_per_step"] == 2 * 4 * psi
+
+
+@pytest.mark.slow
+def test_zero_with_padding_still_equals_data_parallel():
+    sizes = (5, 7, 3)  # 35 + 7 + 21 + 3 parameters: nothing divides by 4
+    dp = sh.run_training("dp", 4, sizes=sizes, batch=8, steps=2)
+    for kind in ("zero2", "zero3"):
+        sh.assert_same_training(sh.run_training(kind, 4, sizes=sizes, batch=8, steps=2), dp,
+                                kind)
+
+
+@pytest.mark.slow
+def test_fsdp2_equals_data_parallel_and_measured_memory_falls_with_stage():
+    big = dict(sizes=(64,) + (128,) * 6 + (8,), batch=16, steps=2, measure_memory=True)
+    dp = sh.run_training("dp", 2, **big)
+    fsdp = sh.run_training("fsdp", 2, **big)
+    sh.assert_same_training(fsdp, dp, "FSDP2 vs data parallel")
+    zero3 = sh.run_training("zero3", 2, **big)
+    sh.assert_same_training(zero3, dp, "ZeRO-3 vs data parallel")
+    psi = sum(p.numel() for p in sh.make_problem(big["sizes"])[0].parameters())
+    # measured peaks hold the model state plus activations and transient buffers
+    assert min(dp["peak_bytes_per_rank"]) >= 16 * psi
+    assert max(zero3["peak_bytes_per_rank"]) < 0.75 * min(dp["peak_bytes_per_rank"])
+    assert max(fsdp["peak_bytes_per_rank"]) < 0.75 * min(dp["peak_bytes_per_rank"])
+
+
+@pytest.mark.slow
+def test_checkpointing_and_autocast_train_like_the_plain_step():
+    kw = dict(sizes=(16,) + (32,) * 4 + (8,), batch=8, steps=2)
+    dp = sh.run_training("dp", 2, **kw)
+    sh.assert_same_training(sh.run_training("dp", 2, checkpoint=True, **kw), dp, "checkpoint")
+    bf16 = sh.run_training("zero3", 2, autocast=True, **kw)
+    torch.testing.assert_close(bf16["losses"], dp["losses"], atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mesh_shape", [(2, 2), (1, 4)])
+def test_data_x_tensor_mesh_equals_one_process(mesh_shape):
+    res = sh.run_mesh_2d(4, mesh_shape, hidden=16, batch=8, steps=3)
+    assert sorted(res["coords"]) == [(d, t) for d in range(mesh_shape[0])
+                                     for t in range(mesh_shape[1])]
+    assert res["shapes"]["fc1.weight"] == (64 // mesh_shape[1], 16)
+
+
+# ---- exercise checker -----------------------------------------------------------------------
+
+def _no_mean(rank, world_size, flat, grad, shard, optimizer):
+    g = torch.empty_like(shard)
+    dist.reduce_scatter_single(g, grad)
+    shard.grad = g
+    optimizer.step()
+    dist.all_gather_single(flat, shard.detach().clone())
+
+
+def _no_gather(rank, world_size, flat, grad, shard, optimizer):
+    g = torch.empty_like(shard)
+    dist.reduce_scatter_single(g, grad)
+    shard.grad = g / world_size
+    optimizer.step()
+
+
+def _local_gradient_only(rank, world_size, flat, grad, shard, optimizer):
+    shard.grad = grad.chunk(world_size)[rank].clone()
+    optimizer.step()
+    dist.all_gather_single(flat, shard.detach().clone())
+
+
+def _stub(rank, world_size, flat, grad, shard, optimizer):
+    raise NotImplementedError
+
+
+@pytest.mark.slow
+def test_zero1_checker_accepts_the_reference():
+    res = lu.check_zero1_step(sh.zero1_step)
+    assert res.passed, res.message
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("wrong, words", [
+    (_no_mean, "rank 0, element [0]: expected"),
+    (_no_gather, "rank 0, element ["),
+    (_local_gradient_only, "rank 0, element [0]: expected"),
+    (_stub, "not implemented yet"),
+])
+def test_zero1_checker_rejects_typical_mistakes(wrong, words):
+    res = sh.check_zero1_step(wrong)
+    assert not res.passed
+    assert words in res.message, res.message
