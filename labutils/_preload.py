@@ -15,7 +15,9 @@ import torch.distributed.algorithms.ddp_comm_hooks  # noqa: F401
 import torch.distributed.checkpoint  # noqa: F401
 import torch.distributed.fsdp  # noqa: F401
 import torch.distributed.pipelining  # noqa: F401
+import torch.distributed.tensor  # noqa: F401 (DTensor; also pulled in by torch.testing)
 import torch.distributed.tensor.parallel  # noqa: F401
+import torch.testing  # noqa: F401
 import torch.utils.checkpoint  # noqa: F401
 
 import labutils  # noqa: F401
