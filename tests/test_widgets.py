@@ -161,6 +161,7 @@ def test_button_disabled_during_a_run_and_double_click_starts_one_job():
 
 
 def test_plot_is_replaced_not_appended_and_figures_are_closed():
+    plt.close("all")  # figures other tests left open are not the panel's
     p = widgets.panel(lambda n: list(range(1, n + 1)), bars, n=(1, 6))
     p.run(n=2)
     first = p.output.outputs
