@@ -286,3 +286,34 @@ def train_script(rank, world_size, steps=30, ckpt_dir=None, ckpt_every=5, kill_a
     if rank == 0:
         atomic_save(result, out)
     return None
+
+
+def _torchrun_main(argv=None):
+    """``torchrun ... -m labutils.checkpoint [--key value ...]``: ``train_script`` under torchrun.
+
+    Like ``python -m labutils.run labutils.ddp:train_script``, except that the process group's
+    keys are prefixed with the restart attempt: after ``--max-restarts`` restarts the workers,
+    the store still holds the dead workers' gloo addresses, and a new worker that reads one
+    fails with "connectFullMesh ... Connection refused" (seen here with torch 2.13).
+    """
+    import sys
+    from datetime import timedelta
+
+    from .run import parse_kwargs
+    kwargs = parse_kwargs(sys.argv[1:] if argv is None else argv)
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    agent_hosts_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+                          is_master=rank == 0 and not agent_hosts_store,
+                          timeout=timedelta(seconds=300))
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    dist.init_process_group("gloo", store=dist.PrefixStore(f"lu/attempt_{attempt}", store),
+                            rank=rank, world_size=world_size)
+    try:
+        train_script(rank, world_size, **kwargs)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    _torchrun_main()
