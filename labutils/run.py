@@ -78,7 +78,15 @@ def main(argv=None):
         "nccl" if torch.cuda.is_available() and torch.cuda.device_count() > local_rank else "gloo")
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
-    dist.init_process_group(backend)  # env:// rendezvous set up by torchrun
+    # Rendezvous through torchrun's store, under a prefix per restart attempt: after
+    # `--max-restarts` torch reuses the agent's store, and without the prefix the new workers
+    # can read the dead workers' addresses ("Gloo connectFullMesh failed").
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+                          is_master=(rank == 0 and not agent_store))
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    dist.init_process_group(backend, store=dist.PrefixStore(f"lu/attempt_{attempt}", store),
+                            rank=rank, world_size=world_size)
     try:
         result = fn(rank, world_size, **kwargs)
         if rank == 0 and result is not None:
