@@ -344,7 +344,8 @@ def test_no_growth_in_processes_fds_threads():
             lu.launch(raise_on, world_size=2)
     time.sleep(0.3)  # let the forkserver reap
     after = (me.num_fds(), me.num_threads(), len(me.children(recursive=True)))
-    assert after == before
+    # No growth; a count may fall when a thread of an earlier test (a timer) finishes.
+    assert all(a <= b for a, b in zip(after, before)), (after, before)
     zombies = [p for p in me.children(recursive=True) if p.status() == psutil.STATUS_ZOMBIE]
     assert zombies == []
 
