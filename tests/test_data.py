@@ -5,17 +5,7 @@ import torch
 
 from labutils import data
 
-pytestmark = [pytest.mark.lab02]
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread: on a shared, busy 2-core machine two spinning threads per process
-    make these small models several times slower. Results do not depend on it."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+pytestmark = [pytest.mark.lab02, pytest.mark.usefixtures("one_thread")]
 
 
 def test_digits_split_is_fixed_and_sized():

@@ -4,17 +4,7 @@ import torch
 
 from labutils import models
 
-pytestmark = [pytest.mark.lab03b]
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread: on a shared, busy 2-core machine two spinning threads per process
-    make these small models several times slower. Results do not depend on it."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+pytestmark = [pytest.mark.lab03b, pytest.mark.usefixtures("one_thread")]
 
 
 def test_shapes_and_sizes():
