@@ -20,6 +20,5 @@ chromium:
 ui-test: $(STAMP) chromium
 	$(PY) -m pytest tests/test_browser.py -m browser
 
-# The browser test is deselected from `make test` (pytest.ini: -m "not browser"): it failed
-# in 2 of about 5 clean runs because JupyterLab shut its first kernel down while it started.
-# Run it with `make ui-test` until that is fixed.
+# `make test` runs the browser test with the rest of tests/: Chromium must be there first.
+test: chromium
