@@ -419,13 +419,19 @@ def data_parallel_step(compute_s, grad_bytes, world_size, link, overlap=0.0, num
                        algorithm="ring"):
     """DDP: each rank computes ``compute_s`` then all-reduces ``grad_bytes`` in buckets.
 
-    Each bucket pays its own latency terms; with ``overlap=1`` buckets travel during backward
-    (taken as 2/3 of compute), so only what outlasts backward is exposed (Li et al. 2020).
+    Each bucket pays its own latency terms. With ``overlap=1`` buckets travel during backward
+    (taken as 2/3 of compute), one after another as they fill (Li et al. 2020): the first can
+    only leave once 1/num_buckets of backward has run, and the last is filled when backward
+    ends, so at least one bucket's all-reduce is always exposed. One bucket hides nothing.
     """
     alpha, beta = _link_ab(link)
-    comm = num_buckets * allreduce_time(grad_bytes / num_buckets, world_size, alpha, beta,
-                                        algorithm)
-    return StepTime(compute_s, comm, _overlapped(compute_s, comm, overlap))
+    b = int(num_buckets)
+    if b < 1:
+        raise ValueError(f"num_buckets must be >= 1; got {num_buckets!r}")
+    comm = b * allreduce_time(grad_bytes / b, world_size, alpha, beta, algorithm)
+    window = compute_s * (1 - 1 / b)          # backward after the first bucket has filled
+    exposed = max(comm / b, _overlapped(window, comm, overlap))
+    return StepTime(compute_s, comm, exposed)
 
 
 def pipeline_step(compute_s, num_stages, num_microbatches, activation_bytes, link):

@@ -53,9 +53,10 @@ LABS = (
         "DistributedSampler, no_sync accumulation, compression hooks, exact resume from a "
         "checkpoint, torchrun with a killed worker", "1.5"),
     Lab("4 Performance analysis 性能分析", "04c_ddp_performance",
-        "`bench`, `plots`, `profile`, `costmodel`, `shm_allreduce`",
+        "`bench`, `plots`, `profile`, `costmodel`, `shm_allreduce`, `emulated_ddp`",
         "strong and weak scaling with error bars, per-rank timelines, bucket sweep vs cost "
-        "model, emulated links, a shared-memory all-reduce", "1.5"),
+        "model, a shared-memory all-reduce, speedup on emulated 100 Mb-10 Gb links with "
+        "buckets, overlap and bf16", "1.5"),
     Lab("5 Model parallelism principles 模型并行化原理", "05_model_parallel_principles",
         "`model_parallel`, `memory`, `timeline`",
         "the memory wall; a naive layer split with send/recv checked equal to one process; "

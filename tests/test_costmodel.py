@@ -223,9 +223,16 @@ def test_data_parallel_overlap_hides_at_most_backward():
     none = cm.data_parallel_step(1.0, 100 * MiB, 4, (A, B), overlap=0.0)
     full = cm.data_parallel_step(1.0, 100 * MiB, 4, (A, B), overlap=1.0)
     assert none.exposed_comm == pytest.approx(comm) and none.total == pytest.approx(1 + comm)
-    assert full.exposed_comm == pytest.approx(max(0.0, comm - 2 / 3))
+    assert full.exposed_comm == pytest.approx(comm)   # one bucket: filled when backward ends
     buckets = cm.data_parallel_step(1.0, 100 * MiB, 4, (A, B), num_buckets=25)
     assert buckets.comm - none.comm == pytest.approx(24 * 2 * 3 * A)  # 24 more latency sets
+    # 25 buckets overlapped: backward after the first bucket (2/3 * 24/25 s) hides that much,
+    # and never the last bucket
+    hidden = cm.data_parallel_step(1.0, 100 * MiB, 4, (A, B), num_buckets=25, overlap=1.0)
+    assert hidden.exposed_comm == pytest.approx(max(buckets.comm / 25,
+                                                    buckets.comm - 2 / 3 * 24 / 25))
+    tiny = cm.data_parallel_step(10.0, MiB, 4, (A, B), num_buckets=4, overlap=1.0)
+    assert tiny.exposed_comm == pytest.approx(tiny.comm / 4)
     assert cm.speedup(1.0, cm.data_parallel_step(1.0, MiB, 8, FREE), 8) == pytest.approx(8)
     with pytest.raises(ValueError, match="fraction"):
         cm.data_parallel_step(1.0, MiB, 2, (A, B), overlap=2)

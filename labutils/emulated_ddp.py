@@ -1,0 +1,187 @@
+"""Data parallelism on emulated links (04c section 6, 07): speedup against link speed, and what
+buckets, overlap and compression win back.
+
+A 2-core laptop has no slow network, so its DDP runs look compute-bound. Here every gradient
+bucket of ``lu.ddp.BucketedDDP`` goes through ``lu.costmodel.emulated_allreduce_hook``: the real
+all-reduce runs (results unchanged), then the hook waits out the time the alpha-beta model
+gives for the link. Three ways of sending the same gradients are timed on each link, step by
+step interleaved so that machine noise hits them alike:
+
+* ``one bucket``: every gradient in one bucket, sent after backward has finished (no overlap);
+* ``buckets``: small buckets, each sent as soon as its gradients are ready, during backward;
+* ``buckets + bf16``: the same, the bucket cast to bfloat16 for the trip (half the bytes).
+
+A fourth model runs under ``no_sync``-style local gradients (no communication at all): the
+compute-only ceiling every speedup is measured against.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from . import costmodel as cm
+from .timing import Stats
+
+# variant -> (bucket_cap_mb, dtype on the wire); 1e6 MB puts every gradient in one bucket
+VARIANTS = {
+    "one bucket": (1e6, None),
+    "buckets": (0.25, None),
+    "buckets + bf16": (0.25, torch.bfloat16),
+}
+NO_COMM = "no communication"
+
+
+def mlp(width=512, depth=4, classes=10, seed=0):
+    """The model every variant trains: ``depth`` square layers, so gradients arrive layer by
+    layer during backward (the last layer's first) and buckets have something to overlap."""
+    torch.manual_seed(seed)
+    layers = []
+    for _ in range(depth):
+        layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(width, classes))
+
+
+def make_variant(link, bucket_cap_mb, compress_dtype, width, depth):
+    """One replica: BucketedDDP whose buckets travel over the emulated ``link``."""
+    from .ddp import BucketedDDP
+    model = BucketedDDP(mlp(width, depth), bucket_cap_mb=bucket_cap_mb)
+    model.register_comm_hook(None, cm.emulated_allreduce_hook(link, compress_dtype=compress_dtype))
+    return model
+
+
+def link_name(link):
+    return cm.get_link(link).name
+
+
+def step_times(rank, world_size, links, variants=None, steps=4, width=512, depth=4, batch=256):
+    """Worker: seconds per training step (forward, backward, gradients averaged) of every
+    (link, variant), interleaved step by step; plus the compute-only ceiling.
+
+    Returns ``times`` {(link name, variant): [s, ...]}, ``grad_diff`` {(link, variant): max
+    |grad - grad of the fp32 one-bucket run on the first link|} (0.0 where emulation and
+    bucketing must change nothing), ``grad_bytes`` and ``num_buckets`` per variant.
+    """
+    variants = dict(VARIANTS if variants is None else variants)
+    runs = {}
+    for link in links:
+        for name, (cap, dtype) in variants.items():
+            runs[(link_name(link), name)] = make_variant(link, cap, dtype, width, depth)
+    runs[(None, NO_COMM)] = mlp(width, depth)   # gradients stay local: the ceiling
+    torch.manual_seed(1000 + rank)              # each rank its own batch
+    x, y = torch.randn(batch, width), torch.randint(10, (batch,))
+    times = {key: [] for key in runs}
+    for step in range(steps + 1):               # step 0 warms up
+        for key, model in runs.items():
+            model.zero_grad(set_to_none=True)
+            dist.barrier()                      # both ranks start each step together
+            t0 = time.perf_counter()
+            F.cross_entropy(model(x), y).backward()  # BucketedDDP: returns once averaged
+            if step:
+                times[key].append(time.perf_counter() - t0)
+    grads = {key: torch.cat([p.grad.flatten() for p in model.parameters()])
+             for key, model in runs.items() if key[1] != NO_COMM}
+    reference = next(iter(grads.values()))
+    grad_diff = {key: (g - reference).abs().max().item() for key, g in grads.items()}
+    first = next(iter(runs.values()))
+    num_buckets = {name: len(runs[(link_name(links[0]), name)].buckets) for name in variants}
+    grad_bytes = sum(p.numel() * p.element_size() for p in first.parameters())
+    return dict(times=times, grad_diff=grad_diff, grad_bytes=grad_bytes, num_buckets=num_buckets)
+
+
+def run(links=("1GbE", "10GbE"), world_size=2, steps=4, width=512, depth=4, batch=256,
+        variants=None, floor=None, timeout=300.0):
+    """Launch ``step_times`` on real ranks; rows of measured and predicted speedup per
+    (link, variant). Raises if any fp32 variant's gradients differ from another's, or bf16's
+    by more than bf16 rounding: emulation changes time, never results.
+
+    ``floor``: this machine's fitted ``(alpha, beta)``. An emulated link can only slow the real
+    all-reduce down, so the prediction for a link faster than this machine uses the machine."""
+    import labutils as lu
+    variants = dict(VARIANTS if variants is None else variants)
+    out = lu.launch(step_times, list(links), variants, steps, width, depth, batch,
+                    world_size=world_size, timeout=timeout)
+    check_gradients(out, variants)
+    # a step of the job ends when its slowest rank does: per step, the max over ranks
+    stats = {key: Stats.of([max(ts) for ts in zip(*(res["times"][key] for res in out))])
+             for key in out[0]["times"]}
+    compute = stats[(None, NO_COMM)]
+    res0 = out[0]
+    rows = []
+    for link in links:
+        for name, (cap, dtype) in variants.items():
+            step = stats[(link_name(link), name)]
+            rows.append(dict(
+                link=link_name(link), gbps=cm.get_link(link).bandwidth * 8e-9,
+                variant=name, step=step, compute=compute,
+                measured=world_size * compute.median / step.median,
+                predicted=predict(compute.median, res0["grad_bytes"], link, world_size,
+                                  res0["num_buckets"][name], overlap=name != "one bucket",
+                                  compressed=dtype is not None, floor=floor)))
+    return rows
+
+
+def check_gradients(per_rank, variants):
+    """Raise unless every fp32 variant's gradients equal the first one's exactly and every
+    compressed variant's are within bf16 rounding (1e-2): only time may change."""
+    for r, res in enumerate(per_rank):
+        for (link, name), diff in res["grad_diff"].items():
+            limit = 0.0 if variants[name][1] is None else 1e-2
+            if diff > limit:
+                raise AssertionError(f"rank {r}: {name} on {link} changed the gradients by "
+                                     f"{diff:.3g} (allowed {limit:g})")
+
+
+def predict(compute_s, grad_bytes, link, world_size, num_buckets, overlap, compressed,
+            floor=None):
+    """The cost model's speedup: compute plus the all-reduce time that backward cannot hide
+    (``cm.data_parallel_step``), on ``link`` or on ``floor`` where that is slower."""
+    nbytes = grad_bytes / 2 if compressed else grad_bytes
+    kwargs = dict(overlap=1.0 if overlap else 0.0, num_buckets=num_buckets)
+    step = cm.data_parallel_step(compute_s, nbytes, world_size, link, **kwargs)
+    if floor is not None:
+        here = cm.data_parallel_step(compute_s, nbytes, world_size, tuple(floor), **kwargs)
+        step = max(step, here, key=lambda s: s.total)
+    return cm.speedup(compute_s, step, world_size)
+
+
+def plot(rows, ax=None, world_size=2):
+    """Speedup against link bandwidth: one colour per variant, measured points over the cost
+    model's lines, the ideal dotted."""
+    import matplotlib.pyplot as plt
+    ax = ax or plt.subplots(figsize=(6.5, 3.6))[1]
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    for i, name in enumerate(variants):
+        rs = [r for r in rows if r["variant"] == name]
+        gbps = [r["gbps"] for r in rs]
+        color = f"C{i}"
+        ax.plot(gbps, [r["predicted"] for r in rs], "-", color=color, alpha=0.6)
+        lo = [world_size * r["compute"].median / r["step"].max for r in rs]
+        hi = [world_size * r["compute"].median / r["step"].min for r in rs]
+        mid = [r["measured"] for r in rs]
+        ax.errorbar(gbps, mid, yerr=[[m - a for m, a in zip(mid, lo)],
+                                     [b - m for m, b in zip(mid, hi)]],
+                    fmt="o", color=color, capsize=3, label=name)
+    ax.axhline(world_size, color="gray", ls=":", label=f"ideal: {world_size} ranks")
+    ax.set_xscale("log")
+    ticks = dict((r["link"], r["gbps"]) for r in rows)
+    ax.set_xticks(list(ticks.values()), list(ticks))
+    ax.minorticks_off()
+    ax.set(xlabel="emulated link", ylabel="speedup over 1 rank",
+           title="DDP on emulated links: measured (points) and cost model (lines)",
+           ylim=(0, world_size * 1.1))
+    ax.legend(fontsize=8, loc="lower right")
+    return ax
+
+
+def table(rows):
+    """The rows as text: one line per (link, variant)."""
+    lines = [f"{'link':>9} {'variant':>15} {'step ms':>8} {'speedup':>8} {'model':>6}"]
+    for r in rows:
+        lines.append(f"{r['link']:>9} {r['variant']:>15} {r['step'].median * 1e3:8.1f} "
+                     f"{r['measured']:8.2f} {r['predicted']:6.2f}")
+    lines.append(f"compute only: {rows[0]['compute'].median * 1e3:.1f} ms per step")
+    return "\n".join(lines)
+

@@ -1,0 +1,62 @@
+"""Tests of labutils.emulated_ddp: DDP on emulated links (04c section 6)."""
+import pytest
+import torch
+
+from labutils import costmodel as cm
+from labutils import emulated_ddp as ed
+
+pytestmark = [pytest.mark.slow, pytest.mark.lab04c]
+
+
+def test_variants_send_the_same_gradients_and_wait_for_the_link():
+    # run() raises if a fp32 variant's gradients differ at all from another's, or bf16's by
+    # more than bf16 rounding; 100 Mb/s makes the link, not this machine, the bottleneck.
+    slow = cm.Link("100MbE", 12.5e6, 100e-6)
+    rows = ed.run(links=(slow, "1GbE"), steps=2, width=96, depth=3, batch=16)
+    assert [(r["link"], r["variant"]) for r in rows] == [
+        (link, v) for link in ("100MbE", "1GbE") for v in ed.VARIANTS]
+    by = {(r["link"], r["variant"]): r for r in rows}
+    grad_bytes = (3 * (96 * 96 + 96) + 96 * 10 + 10) * 4
+    # emulation waits until issue time + the model's time, so no step can be shorter than the
+    # all-reduce of every gradient byte on that link (half of them in bf16)
+    for (link, variant), r in by.items():
+        nbytes = grad_bytes / 2 if variant == "buckets + bf16" else grad_bytes
+        link_ = slow if link == "100MbE" else cm.get_link(link)
+        floor = cm.allreduce_time(nbytes, 2, link_.alpha, link_.beta) * 0.99
+        assert r["step"].min >= floor, (link, variant, r["step"].min, floor)
+    # on 100 Mb/s the one-bucket step is communication-bound: speedup far below 2, as modelled
+    one = by[("100MbE", "one bucket")]
+    assert one["measured"] < 1.0 and one["predicted"] < 1.0
+    assert 0 < one["measured"] <= 2.2
+
+
+def test_check_gradients_names_the_variant_that_changed_them():
+    per_rank = [{"grad_diff": {("1GbE", "one bucket"): 0.0, ("1GbE", "buckets"): 0.0,
+                               ("1GbE", "buckets + bf16"): 3e-3}},
+                {"grad_diff": {("1GbE", "one bucket"): 0.0, ("1GbE", "buckets"): 1e-7,
+                               ("1GbE", "buckets + bf16"): 3e-3}}]
+    with pytest.raises(AssertionError, match=r"rank 1: buckets on 1GbE changed the gradients"):
+        ed.check_gradients(per_rank, ed.VARIANTS)
+    per_rank[1]["grad_diff"][("1GbE", "buckets")] = 0.0
+    ed.check_gradients(per_rank, ed.VARIANTS)   # bf16 rounding is allowed
+    per_rank[0]["grad_diff"][("1GbE", "buckets + bf16")] = 0.5
+    with pytest.raises(AssertionError, match=r"rank 0: buckets \+ bf16"):
+        ed.check_gradients(per_rank, ed.VARIANTS)
+
+
+def test_predict_uses_the_slower_of_link_and_machine():
+    fast = ed.predict(0.05, 4e6, "NVLink", 2, num_buckets=1, overlap=False, compressed=False)
+    assert fast == pytest.approx(2.0, rel=1e-3)
+    floored = ed.predict(0.05, 4e6, "NVLink", 2, num_buckets=1, overlap=False, compressed=False,
+                         floor=(5e-4, 1 / 0.5e9))
+    comm = cm.allreduce_time(4e6, 2, 5e-4, 1 / 0.5e9)
+    assert floored == pytest.approx(2 * 0.05 / (0.05 + comm))
+    # bf16 halves the bytes; overlap hides up to 2/3 of compute
+    plain = ed.predict(0.02, 4e6, "1GbE", 2, 1, overlap=False, compressed=False)
+    bf16 = ed.predict(0.02, 4e6, "1GbE", 2, 1, overlap=False, compressed=True)
+    overlapped = ed.predict(0.02, 4e6, "1GbE", 2, 4, overlap=True, compressed=False)
+    comm = cm.allreduce_time(4e6, 2, 50e-6, 1 / 125e6)
+    assert plain == pytest.approx(2 * 0.02 / (0.02 + comm))
+    assert bf16 == pytest.approx(2 * 0.02 / (0.02 + cm.allreduce_time(2e6, 2, 50e-6, 1 / 125e6)))
+    comm4 = 4 * cm.allreduce_time(1e6, 2, 50e-6, 1 / 125e6)
+    assert overlapped == pytest.approx(2 * 0.02 / (0.02 + comm4 - 2 / 3 * 0.02 * 3 / 4))
