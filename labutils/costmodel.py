@@ -32,6 +32,7 @@ with p = world_size, L = ceil(log2 p). Every collective costs 0 when p = 1.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import math
 import threading
@@ -245,9 +246,14 @@ class _LinkClock:
             return self.free_at
 
 
+_SPIN_S = 300e-6  # sleep() overshoots by 0.1-0.3 ms here: sleep short of the deadline, then spin
+
+
 def _wait_until(deadline):
-    while (left := deadline - time.perf_counter()) > 0:
-        time.sleep(left)
+    while (left := deadline - time.perf_counter()) > _SPIN_S:
+        time.sleep(left - _SPIN_S)
+    while time.perf_counter() < deadline:
+        pass
 
 
 def _nbytes(t):
@@ -291,6 +297,12 @@ class _EmulatedWork:
         return getattr(self.work, name)
 
 
+@functools.lru_cache(maxsize=None)
+def _signature(fn):
+    """``inspect.signature`` of a collective, computed once (entering ``emulate`` is cheap)."""
+    return inspect.signature(fn)
+
+
 class emulate(contextlib.ContextDecorator):
     """Inside a rank: ``with lu.costmodel.emulate("10GbE"):`` slows every ``dist.<collective>``
     (all_reduce, broadcast, reduce_scatter(_tensor), all_gather(_into_tensor), send/recv,
@@ -318,15 +330,15 @@ class emulate(contextlib.ContextDecorator):
     def _wrap(self, name, original):
         import torch.distributed as dist
         op, count = _PATCHED[name]
-        signature = inspect.signature(original)
+        signature = _signature(original)
 
         def emulated(*args, **kwargs):
+            issued = time.perf_counter()   # the wrapper's own work counts as link time
             bound = signature.bind(*args, **kwargs)
             group = bound.arguments.get("group")
             world_size = dist.get_world_size(group)
             nbytes = count(bound.arguments)
             model = self.modelled(op, nbytes, world_size)
-            issued = time.perf_counter()
             out = original(*args, **kwargs)
             finish = self.clock.reserve(model, issued)
             if len(self.log) < 10_000:
