@@ -31,6 +31,29 @@ def _compare(rank, world_size, dtype):
     return results
 
 
+def _compare_zero_copy(rank, world_size, dtype):
+    import torch.distributed as dist
+    results = []
+    with ShmAllReduce(chunk_bytes=256, buffer_bytes=max(LENGTHS) * 4) as shm:
+        for repeat in range(2):          # repeated calls reuse the buffers and the flags
+            for n in LENGTHS:
+                g = torch.Generator().manual_seed(1000 * repeat + 10 * n + rank)
+                x = torch.randn(n, generator=g).to(dtype)
+                expected = x.clone()
+                dist.all_reduce(expected)
+                got = shm.buffer(n, dtype)
+                got.copy_(x)
+                shm.all_reduce_(got)      # the zero-copy path: no copy in or out
+                results.append((n, expected, got.clone()))
+            other = torch.full((5,), float(rank), dtype=dtype)   # the copy path still works
+            shm.all_reduce_(other)
+            results.append(("copy path", torch.full((5,), float(sum(range(world_size))),
+                                                    dtype=dtype), other))
+        with pytest.raises(ValueError, match=r"ShmAllReduce\(buffer_bytes="):
+            shm.buffer(max(LENGTHS) + 1000, torch.float32)
+    return results
+
+
 def _shm_entries():
     return {name for name in os.listdir(shm_allreduce._SHM_DIR) if name.startswith("lu_shm_")}
 
@@ -55,6 +78,24 @@ def test_equal_to_dist_all_reduce(world_size, dtype):
         for (_, _, got), (_, _, got0) in zip(results, per_rank[0]):
             assert torch.equal(got, got0)
     assert _shm_entries() == before  # unlinked once mapped: nothing left in /dev/shm
+
+
+@pytest.mark.lab04c
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size,dtype", [(2, torch.float32), (2, torch.bfloat16),
+                                              (3, torch.float32), (4, torch.bfloat16)])
+def test_zero_copy_buffer_equal_to_dist_all_reduce(world_size, dtype):
+    before = _shm_entries()
+    per_rank = lu.launch(_compare_zero_copy, dtype, world_size=world_size)
+    for rank, results in enumerate(per_rank):
+        for n, expected, got in results:
+            tol = ({"rtol": (world_size - 1) * 2**-8, "atol": (world_size - 1) * 2**-7}
+                   if dtype == torch.bfloat16 else {})
+            torch.testing.assert_close(got, expected, **tol,
+                                       msg=lambda m: f"rank {rank}, n={n}: {m}")
+        for (_, _, got), (_, _, got0) in zip(results, per_rank[0]):
+            assert torch.equal(got, got0)  # each element is summed once, by one rank
+    assert _shm_entries() == before
 
 
 def _crash_after_create(rank, world_size):
