@@ -97,8 +97,7 @@ def run(links=("1GbE", "10GbE"), world_size=2, steps=4, width=512, depth=4, batc
     (link, variant). Raises if any fp32 variant's gradients differ from another's, or bf16's
     by more than bf16 rounding: emulation changes time, never results.
 
-    ``floor``: this machine's fitted ``(alpha, beta)``. An emulated link can only slow the real
-    all-reduce down, so the prediction for a link faster than this machine uses the machine."""
+    ``floor``: this machine's fitted ``(alpha, beta)`` (see ``predict``)."""
     import labutils as lu
     variants = dict(VARIANTS if variants is None else variants)
     out = lu.launch(step_times, list(links), variants, steps, width, depth, batch,
@@ -137,14 +136,21 @@ def check_gradients(per_rank, variants):
 def predict(compute_s, grad_bytes, link, world_size, num_buckets, overlap, compressed,
             floor=None):
     """The cost model's speedup: compute plus the all-reduce time that backward cannot hide
-    (``cm.data_parallel_step``), on ``link`` or on ``floor`` where that is slower."""
+    (``cm.data_parallel_step`` on ``link``).
+
+    ``floor``: this machine's fitted ``(alpha, beta)``. The emulated link only adds waiting to
+    the real all-reduce, and the real one is CPU work on the very cores that run backward, so
+    overlap cannot hide it: the exposed time is at least the machine's own all-reduce.
+    """
     nbytes = grad_bytes / 2 if compressed else grad_bytes
-    kwargs = dict(overlap=1.0 if overlap else 0.0, num_buckets=num_buckets)
-    step = cm.data_parallel_step(compute_s, nbytes, world_size, link, **kwargs)
+    step = cm.data_parallel_step(compute_s, nbytes, world_size, link,
+                                 overlap=1.0 if overlap else 0.0, num_buckets=num_buckets)
+    exposed = step.exposed_comm
     if floor is not None:
-        here = cm.data_parallel_step(compute_s, nbytes, world_size, tuple(floor), **kwargs)
-        step = max(step, here, key=lambda s: s.total)
-    return cm.speedup(compute_s, step, world_size)
+        here = cm.data_parallel_step(compute_s, nbytes, world_size, tuple(floor),
+                                     num_buckets=num_buckets)
+        exposed = max(exposed, here.comm)
+    return world_size * compute_s / (compute_s + exposed)
 
 
 def plot(rows, ax=None, world_size=2):

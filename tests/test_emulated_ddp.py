@@ -51,6 +51,12 @@ def test_predict_uses_the_slower_of_link_and_machine():
                          floor=(5e-4, 1 / 0.5e9))
     comm = cm.allreduce_time(4e6, 2, 5e-4, 1 / 0.5e9)
     assert floored == pytest.approx(2 * 0.05 / (0.05 + comm))
+    # overlap hides the slow link's transfer behind backward, but not this machine's own
+    # all-reduce (CPU work on the cores that run backward)
+    hidden = ed.predict(0.5, 4e6, "10GbE", 2, num_buckets=8, overlap=True, compressed=False,
+                        floor=(5e-4, 1 / 0.5e9))
+    here = 8 * cm.allreduce_time(4e6 / 8, 2, 5e-4, 1 / 0.5e9)
+    assert hidden == pytest.approx(2 * 0.5 / (0.5 + here))
     # bf16 halves the bytes; overlap hides up to 2/3 of compute
     plain = ed.predict(0.02, 4e6, "1GbE", 2, 1, overlap=False, compressed=False)
     bf16 = ed.predict(0.02, 4e6, "1GbE", 2, 1, overlap=False, compressed=True)
