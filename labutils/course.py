@@ -49,11 +49,12 @@ LABS = (
     Lab("4 DDP from scratch 分布式训练实现", "04a_ddp_from_scratch", "`ddp`",
         "naive gradient all-reduce, hooks, buckets with overlap; each checked equal to one "
         "process and to PyTorch's DDP", "1.5"),
-    Lab("4 DDP in practice", "04b_ddp_in_practice", "`ddp`, `checkpoint`, `run`",
+    Lab("4 DDP in practice", "04b_ddp_in_practice",
+        "`ddp`, `ddp_practice`, `checkpoint`, `run`",
         "DistributedSampler, no_sync accumulation, compression hooks, exact resume from a "
         "checkpoint, torchrun with a killed worker", "1.5"),
     Lab("4 Performance analysis 性能分析", "04c_ddp_performance",
-        "`bench`, `plots`, `profile`, `costmodel`, `shm_allreduce`, `emulated_ddp`",
+        "`bench`, `plots`, `profile`, `costmodel`, `emulation`, `shm_allreduce`, `emulated_ddp`",
         "strong and weak scaling with error bars, per-rank timelines, bucket sweep vs cost "
         "model, a shared-memory all-reduce, speedup on emulated 100 Mb-10 Gb links with "
         "buckets, overlap and bf16", "1.5"),
@@ -71,7 +72,7 @@ LABS = (
         "ZeRO 1/2/3 from scratch and FSDP2, memory vs formulas; activation checkpointing, "
         "mixed precision, a 2-D mesh; an optimisation checklist", "1.5"),
     Lab("Conclusion and outlook 结论与展望", "07_conclusion_outlook",
-        "`costmodel`, `planner`, `bench`",
+        "`costmodel`, `emulated_ddp`, `planner`, `bench`",
         "the cost model calibrated here predicts the labs' speedups; a planner extrapolates to "
         "4,096 GPUs beside published results", "1.5"),
 )

@@ -209,7 +209,7 @@ def bench_ddp(quick=False):
     from .bench import _allreduce_sweep
     MiB = 1 << 20
     fit_sizes = [MiB, 2 * MiB, 4 * MiB, 16 * MiB]
-    per_rank = launch(_allreduce_sweep, fit_sizes, 2 if quick else 8, "1GbE", world_size=2)
+    per_rank = launch(_allreduce_sweep, fit_sizes, 2 if quick else 16, "1GbE", world_size=2)
     plain = {n: [max(ts) for ts in zip(*(r[0][n] for r in per_rank))] for n in fit_sizes}
     alpha, beta = costmodel.fit(fit_sizes, [Stats.of(plain[n][0::2]) for n in fit_sizes], 2)
     err = [abs(costmodel.allreduce_time(n, 2, alpha, beta) / Stats.of(plain[n][1::2]).median - 1)
