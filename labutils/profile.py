@@ -11,6 +11,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
@@ -69,7 +70,8 @@ def allreduce_worker(rank, world_size, sizes=(1 << 10, 1 << 20, 64 << 20), repea
 
 def ddp_step_worker(rank, world_size, batch_per_rank=64, steps=6, hook=None, width=1):
     """Stats of seconds per DDP step of the digits CNN (``width`` x its channels), the first
-    step excluded. ``hook="shm"`` averages gradients through shared memory."""
+    step excluded. ``hook="shm"`` averages gradients through shared memory; ``hook="none"``
+    runs the same step under ``no_sync()``: no communication, the ceiling DDP can reach."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from . import models, workloads
@@ -86,11 +88,15 @@ def ddp_step_worker(rank, world_size, batch_per_rank=64, steps=6, hook=None, wid
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     X, y = wl.train_set
     xb, yb = X[:batch_per_rank], y[:batch_per_rank]
+    if hook not in (None, "shm", "none"):
+        raise ValueError(f"hook must be None, 'shm' or 'none'; got {hook!r}")
+    local = model.no_sync if hook == "none" and world_size > 1 else contextlib.nullcontext
     times = []
     for i in range(steps + 1):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        wl.loss_fn(model(xb), yb).backward()
+        with local():
+            wl.loss_fn(model(xb), yb).backward()
         opt.step()
         if i:
             times.append(time.perf_counter() - t0)
@@ -195,15 +201,23 @@ def bench_ddp(quick=False):
             "2 ranks, gloo": lambda: launch(ddp_step_worker, batch_per_rank=128, width=2,
                                             world_size=2)[0],
             "2 ranks, shm": lambda: launch(ddp_step_worker, batch_per_rank=128, width=2,
-                                           hook="shm", world_size=2)[0]}
+                                           hook="shm", world_size=2)[0],
+            "2 ranks, no communication": lambda: launch(ddp_step_worker, batch_per_rank=128,
+                                                        width=2, hook="none", world_size=2)[0]}
     med = {k: [] for k in runs}
     for _ in range(reps):
         for k, fn in runs.items():
             med[k].append(fn().median)
     step = {k: Stats.of(v) for k, v in med.items()}
-    for k in ("2 ranks, gloo", "2 ranks, shm"):
+    for k in ("2 ranks, gloo", "2 ranks, shm", "2 ranks, no communication"):
         rows.append(Row("ddp", f"speedup of {k} over 1 process using both cores",
-                        step["1 process, 2 threads"] / step[k], "ratio", "efficiency = speedup / 2"))
+                        step["1 process, 2 threads"] / step[k], "ratio",
+                        "the ceiling for any all-reduce" if "no comm" in k else
+                        "efficiency = speedup / 2"))
+    for k in ("2 ranks, gloo", "2 ranks, shm"):
+        rows.append(Row("ddp", f"{k}: step time of the no-communication ceiling / this",
+                        step["2 ranks, no communication"] / step[k], "ratio",
+                        "1.0 = communication costs nothing"))
     # cost model: fit alpha, beta on even repeats of gloo's all-reduce (back-to-back loops,
     # as `bench costmodel` does), predict the held-out odd repeats
     from .bench import _allreduce_sweep

@@ -63,3 +63,26 @@ def test_check_bus_bandwidth():
     assert not wrong.passed and "world_size=3" in wrong.message and "expected" in wrong.message
     wrong = lu.check_bus_bandwidth(lambda n, s, p: n / s * 2 * (p - 1))  # forgot the / p
     assert not wrong.passed and "expected" in wrong.message
+
+
+def _count_allreduces(rank, world_size, hook):
+    """(ran, collectives issued during the steps): DDP all-reduces from C++, so count the
+    process group's sequence number, which every collective advances."""
+    import torch.distributed.distributed_c10d as c10d
+    pg = c10d._get_default_group()
+    before = pg._get_sequence_number_for_group()
+    stats = profile.ddp_step_worker(rank, world_size, batch_per_rank=8, steps=2, hook=hook)
+    return stats.median > 0, pg._get_sequence_number_for_group() - before
+
+
+@pytest.mark.slow
+@pytest.mark.lab04c
+def test_ddp_step_worker_ceiling_does_not_communicate():
+    ceiling = lu.launch(_count_allreduces, "none", world_size=2)
+    plain = lu.launch(_count_allreduces, None, world_size=2)
+    # constructing DDP broadcasts the weights (a few collectives); each DDP step adds its
+    # gradient all-reduce, which no_sync leaves out
+    assert all(ok for ok, _ in ceiling + plain)
+    assert plain[0][1] >= ceiling[0][1] + 3
+    with pytest.raises(ValueError, match="hook must be None, 'shm' or 'none'"):
+        profile.ddp_step_worker(0, 1, hook="nccl")
