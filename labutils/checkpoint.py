@@ -231,7 +231,7 @@ def train_script(rank, world_size, steps=30, ckpt_dir=None, ckpt_every=5, kill_a
     ``TORCHELASTIC_RESTART_COUNT`` is 0 or unset), to rehearse a crash.
 
     Returns ``{"losses": {step: global mean loss}, "start": step resumed from, "state": final
-    weights, "accuracy", "allreduce_bytes_per_step"}``; with ``out=PATH`` rank 0 writes that dict
+    weights, "accuracy", "allreduce_bytes_per_step", "restart_count"}`` (torchrun's attempt); with ``out=PATH`` rank 0 writes that dict
     there instead (for torchrun) and returns None.
     """
     import signal
@@ -280,7 +280,8 @@ def train_script(rank, world_size, steps=30, ckpt_dir=None, ckpt_every=5, kill_a
     result = {"losses": losses, "start": start,
               "state": {k: v.detach().clone() for k, v in model.module.state_dict().items()},
               "accuracy": wl.metric(model.module) if evaluate else None,
-              "allreduce_bytes_per_step": counter.nbytes / max(1, steps - start)}
+              "allreduce_bytes_per_step": counter.nbytes / max(1, steps - start),
+              "restart_count": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))}
     if out is None:
         return result
     if rank == 0:

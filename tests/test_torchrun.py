@@ -28,9 +28,13 @@ def test_killed_worker_restarts_and_matches_undisturbed_run(tmp_path):
     ckpt = str(tmp_path / "ckpt")
     restarted, log = _torchrun(tmp_path, "restarted", "--ckpt-dir", ckpt, "--ckpt-every", "5",
                                "--kill-at-step", "7")
-    assert "SIGKILL" in log or "Signals.SIGKILL" in log or "exitcode: -9" in log, log[-2000:]
-    assert restarted["start"] == 5          # the second attempt resumed from step_000005
-    assert undisturbed["start"] == 0
+    # torchrun names the first failure it saw: the SIGKILLed rank, or the survivor that lost
+    # its peer mid-all-reduce (whichever error came first)
+    assert any(s in log for s in ("SIGKILL", "exitcode: -9", "Connection reset by peer",
+                                  "Connection closed by peer")), log[-2000:]
+    assert restarted["restart_count"] == 1  # the result comes from torchrun's second attempt
+    assert restarted["start"] == 5          # which resumed from step_000005
+    assert undisturbed["start"] == 0 and undisturbed["restart_count"] == 0
     for step in range(6, 13):
         assert restarted["losses"][step] == undisturbed["losses"][step], step
     for name, value in undisturbed["state"].items():
