@@ -58,13 +58,11 @@ def _shm_entries():
     return {name for name in os.listdir(shm_allreduce._SHM_DIR) if name.startswith("lu_shm_")}
 
 
-@pytest.mark.lab04c
-@pytest.mark.slow
-@pytest.mark.parametrize("world_size,dtype", [(2, torch.float32), (2, torch.bfloat16),
-                                              (3, torch.float32), (4, torch.bfloat16)])
-def test_equal_to_dist_all_reduce(world_size, dtype):
+def _launch_and_compare(worker, world_size, dtype):
+    """Run ``worker`` on real ranks; every result must match gloo's and be identical on every
+    rank (each element is summed once, by one rank); nothing may be left in /dev/shm."""
     before = _shm_entries()
-    per_rank = lu.launch(_compare, dtype, world_size=world_size)
+    per_rank = lu.launch(worker, dtype, world_size=world_size)
     for rank, results in enumerate(per_rank):
         for n, expected, got in results:
             assert got.dtype == dtype
@@ -74,28 +72,27 @@ def test_equal_to_dist_all_reduce(world_size, dtype):
                    if dtype == torch.bfloat16 else {})
             torch.testing.assert_close(got, expected, **tol,
                                        msg=lambda m: f"rank {rank}, n={n}: {m}")
-        # every rank holds the very same result
         for (_, _, got), (_, _, got0) in zip(results, per_rank[0]):
             assert torch.equal(got, got0)
     assert _shm_entries() == before  # unlinked once mapped: nothing left in /dev/shm
 
 
+WORLD_SIZES_DTYPES = [(2, torch.float32), (2, torch.bfloat16), (3, torch.float32),
+                      (4, torch.bfloat16)]
+
+
 @pytest.mark.lab04c
 @pytest.mark.slow
-@pytest.mark.parametrize("world_size,dtype", [(2, torch.float32), (2, torch.bfloat16),
-                                              (3, torch.float32), (4, torch.bfloat16)])
+@pytest.mark.parametrize("world_size,dtype", WORLD_SIZES_DTYPES)
+def test_equal_to_dist_all_reduce(world_size, dtype):
+    _launch_and_compare(_compare, world_size, dtype)
+
+
+@pytest.mark.lab04c
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size,dtype", WORLD_SIZES_DTYPES)
 def test_zero_copy_buffer_equal_to_dist_all_reduce(world_size, dtype):
-    before = _shm_entries()
-    per_rank = lu.launch(_compare_zero_copy, dtype, world_size=world_size)
-    for rank, results in enumerate(per_rank):
-        for n, expected, got in results:
-            tol = ({"rtol": (world_size - 1) * 2**-8, "atol": (world_size - 1) * 2**-7}
-                   if dtype == torch.bfloat16 else {})
-            torch.testing.assert_close(got, expected, **tol,
-                                       msg=lambda m: f"rank {rank}, n={n}: {m}")
-        for (_, _, got), (_, _, got0) in zip(results, per_rank[0]):
-            assert torch.equal(got, got0)  # each element is summed once, by one rank
-    assert _shm_entries() == before
+    _launch_and_compare(_compare_zero_copy, world_size, dtype)
 
 
 def _crash_after_create(rank, world_size):
