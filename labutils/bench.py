@@ -137,34 +137,42 @@ def _allreduce_sweep(rank, world_size, sizes, repeats, link, per_sample=0.03):
     return plain, emulated
 
 
+def allreduce_fit(sizes, repeats, link="1GbE"):
+    """gloo's all-reduce on 2 real ranks (``_allreduce_sweep``; per sample the slowest rank),
+    alpha-beta fitted on the even repeats of the sizes >= 1 MiB. Returns ``(plain, emulated,
+    alpha, beta, held_out)``: ``held_out(n)`` is the Stats of measured / predicted over the odd
+    repeats of size ``n``, which the fit never saw."""
+    from . import costmodel as cm
+    from .launcher import launch
+    from .timing import slowest
+    per_rank = launch(_allreduce_sweep, sizes, repeats, link, world_size=2)
+    plain, emulated = ({n: slowest([r[i][n] for r in per_rank]) for n in sizes} for i in (0, 1))
+    # Fit on the range the target covers (>= 1 MiB): below it gloo's time on loopback is
+    # nearly flat (thread wake-ups), and one alpha-beta line cannot follow both regimes.
+    fit_sizes = [n for n in sizes if n >= 1 << 20]
+    alpha, beta = cm.fit(fit_sizes, [Stats.of(plain[n][0::2]) for n in fit_sizes], 2)
+
+    def held_out(n):
+        predicted = cm.allreduce_time(n, 2, alpha, beta)
+        return Stats.of([t / predicted for t in plain[n][1::2]])
+    return plain, emulated, alpha, beta, held_out
+
+
 def bench_costmodel(quick=False):
     """Fit alpha-beta on half of the repeats, predict the other half; emulated 1GbE vs model."""
     from . import costmodel as cm
-    from .launcher import launch
     KiB, MiB = 1 << 10, 1 << 20
     sizes = [64 * KiB, MiB, 4 * MiB] if quick else [4 * KiB, 64 * KiB, 256 * KiB, MiB, 2 * MiB,
                                                     4 * MiB, 16 * MiB]
-    repeats = 2 if quick else 16
-    per_rank = launch(_allreduce_sweep, sizes, repeats, "1GbE", world_size=2)
-    # a collective ends when its slowest rank does: per sample, the max over ranks
-    plain, emulated = ({n: [max(ts) for ts in zip(*(r[i][n] for r in per_rank))] for n in sizes}
-                       for i in (0, 1))
-    # Fit on the range the target covers (>= 1 MiB): below it gloo's time on loopback is
-    # nearly flat (thread wake-ups), and one alpha-beta line cannot follow both regimes.
-    fit_sizes = [n for n in sizes if n >= MiB]
-    fit_half = {n: Stats.of(plain[n][0::2]) for n in fit_sizes}
-    alpha, beta = cm.fit(fit_sizes, [fit_half[n] for n in fit_sizes], 2)
+    plain, emulated, alpha, beta, held_out = allreduce_fit(sizes, 2 if quick else 16)
     rows = [Row("costmodel", "fitted alpha (2 ranks, gloo, loopback)", alpha * 1e6, "us",
-                f"fit on {fit_sizes[0] // KiB} KiB-{fit_sizes[-1] // MiB} MiB, even repeats"),
+                "fit on the sizes >= 1 MiB, even repeats"),
             Row("costmodel", "fitted bandwidth 1/beta", 1e-9 / beta if beta else float("inf"),
                 "GB/s")]
     for n in sizes:
-        predicted = cm.allreduce_time(n, 2, alpha, beta)
-        held_out = plain[n][1::2]
         label = f"{n // MiB} MiB" if n >= MiB else f"{n // KiB} KiB"
-        rows.append(Row("costmodel", f"all-reduce {label}: measured / predicted",
-                        Stats.of([t / predicted for t in held_out]), "ratio",
-                        "held-out repeats; target within 15%" if n >= MiB else
+        rows.append(Row("costmodel", f"all-reduce {label}: measured / predicted", held_out(n),
+                        "ratio", "held-out repeats; target within 15%" if n >= MiB else
                         "below the fitted range (no target)"))
     link = cm.get_link("1GbE")
     for n in sizes:

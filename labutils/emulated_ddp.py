@@ -23,7 +23,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from . import costmodel as cm
-from .timing import Stats
+from .timing import Stats, slowest
 
 # variant -> (bucket_cap_mb, dtype on the wire); 1e6 MB puts every gradient in one bucket
 VARIANTS = {
@@ -104,7 +104,7 @@ def run(links=("1GbE", "10GbE"), world_size=2, steps=4, width=512, depth=4, batc
                     world_size=world_size, timeout=timeout)
     check_gradients(out, variants)
     # a step of the job ends when its slowest rank does: per step, the max over ranks
-    stats = {key: Stats.of([max(ts) for ts in zip(*(res["times"][key] for res in out))])
+    stats = {key: Stats.of(slowest([res["times"][key] for res in out]))
              for key in out[0]["times"]}
     compute = stats[(None, NO_COMM)]
     res0 = out[0]

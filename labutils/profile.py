@@ -218,17 +218,12 @@ def bench_ddp(quick=False):
         rows.append(Row("ddp", f"{k}: step time of the no-communication ceiling / this",
                         step["2 ranks, no communication"] / step[k], "ratio",
                         "1.0 = communication costs nothing"))
-    # cost model: fit alpha, beta on even repeats of gloo's all-reduce (back-to-back loops,
-    # as `bench costmodel` does), predict the held-out odd repeats
-    from .bench import _allreduce_sweep
-    MiB = 1 << 20
-    fit_sizes = [MiB, 2 * MiB, 4 * MiB, 16 * MiB]
-    per_rank = launch(_allreduce_sweep, fit_sizes, 2 if quick else 16, "1GbE", world_size=2)
-    plain = {n: [max(ts) for ts in zip(*(r[0][n] for r in per_rank))] for n in fit_sizes}
-    alpha, beta = costmodel.fit(fit_sizes, [Stats.of(plain[n][0::2]) for n in fit_sizes], 2)
-    err = [abs(costmodel.allreduce_time(n, 2, alpha, beta) / Stats.of(plain[n][1::2]).median - 1)
-           for n in fit_sizes]
-    rows.append(Row("ddp", "cost model error on gloo all-reduce, 1-16 MiB (max)", max(err),
+    # cost model: the held-out fit of `bench costmodel`, on 1-16 MiB
+    from .bench import allreduce_fit
+    sizes = [1 << 20, 2 << 20, 4 << 20, 16 << 20]
+    _, _, alpha, beta, held_out = allreduce_fit(sizes, 2 if quick else 16)
+    err = max(abs(held_out(n).median - 1) for n in sizes)
+    rows.append(Row("ddp", "cost model error on gloo all-reduce, 1-16 MiB (max)", err,
                     "fraction", f"alpha {alpha * 1e6:.0f} us, beta^-1 {1e-9 / beta:.2f} GB/s; "
                     f"held-out repeats; target 0.15"))
     return rows

@@ -42,6 +42,12 @@ class Stats:
         return self.fmt()
 
 
+def slowest(per_rank):
+    """Per sample, the max over ranks of ``per_rank`` (one list of seconds per rank): a
+    collective, or a step of a data-parallel job, ends when its slowest rank does."""
+    return [max(ts) for ts in zip(*per_rank)]
+
+
 def measure(fn, repeats=7, warmup=1):
     """Call ``fn()`` ``warmup`` times unmeasured, then ``repeats`` times; Stats in seconds."""
     for _ in range(warmup):
