@@ -231,8 +231,8 @@ def train_script(rank, world_size, steps=30, ckpt_dir=None, ckpt_every=5, kill_a
     ``TORCHELASTIC_RESTART_COUNT`` is 0 or unset), to rehearse a crash.
 
     Returns ``{"losses": {step: global mean loss}, "start": step resumed from, "state": final
-    weights, "accuracy", "allreduce_bytes_per_step", "restart_count"}`` (torchrun's attempt); with ``out=PATH`` rank 0 writes that dict
-    there instead (for torchrun) and returns None.
+    weights, "accuracy", "allreduce_bytes_per_step", "restart_count" (torchrun's attempt)}``;
+    with ``out=PATH`` rank 0 writes that dict there instead (for torchrun) and returns None.
     """
     import signal
     from torch.nn.parallel import DistributedDataParallel as DDP

@@ -61,8 +61,8 @@ def step_times(rank, world_size, links, variants=None, steps=4, width=512, depth
     (link, variant), interleaved step by step; plus the compute-only ceiling.
 
     Returns ``times`` {(link name, variant): [s, ...]}, ``grad_diff`` {(link, variant): max
-    |grad - grad of the fp32 one-bucket run on the first link|} (0.0 where emulation and
-    bucketing must change nothing), ``grad_bytes`` and ``num_buckets`` per variant.
+    |grad - grad of BucketedDDP with its plain all-reduce, no emulation|} (0.0 where emulation
+    and bucketing must change nothing), ``grad_bytes`` and ``num_buckets`` per variant.
     """
     variants = dict(VARIANTS if variants is None else variants)
     runs = {}
@@ -81,10 +81,15 @@ def step_times(rank, world_size, links, variants=None, steps=4, width=512, depth
             F.cross_entropy(model(x), y).backward()  # BucketedDDP: returns once averaged
             if step:
                 times[key].append(time.perf_counter() - t0)
-    grads = {key: torch.cat([p.grad.flatten() for p in model.parameters()])
-             for key, model in runs.items() if key[1] != NO_COMM}
-    reference = next(iter(grads.values()))
-    grad_diff = {key: (g - reference).abs().max().item() for key, g in grads.items()}
+    def flat_grad(model):
+        return torch.cat([p.grad.flatten() for p in model.parameters()])
+    # the reference: BucketedDDP's own all-reduce average, no link emulated
+    from .ddp import BucketedDDP
+    plain = BucketedDDP(mlp(width, depth))
+    F.cross_entropy(plain(x), y).backward()
+    reference = flat_grad(plain)
+    grad_diff = {key: (flat_grad(model) - reference).abs().max().item()
+                 for key, model in runs.items() if key[1] != NO_COMM}
     first = next(iter(runs.values()))
     num_buckets = {name: len(runs[(link_name(links[0]), name)].buckets) for name in variants}
     grad_bytes = sum(p.numel() * p.element_size() for p in first.parameters())
@@ -94,8 +99,8 @@ def step_times(rank, world_size, links, variants=None, steps=4, width=512, depth
 def run(links=("1GbE", "10GbE"), world_size=2, steps=4, width=512, depth=4, batch=256,
         variants=None, floor=None, timeout=300.0):
     """Launch ``step_times`` on real ranks; rows of measured and predicted speedup per
-    (link, variant). Raises if any fp32 variant's gradients differ from another's, or bf16's
-    by more than bf16 rounding: emulation changes time, never results.
+    (link, variant). Raises if any fp32 variant's gradients differ from plain BucketedDDP's, or
+    bf16's by more than bf16 rounding: emulation changes time, never results.
 
     ``floor``: this machine's fitted ``(alpha, beta)`` (see ``predict``)."""
     import labutils as lu
@@ -123,7 +128,7 @@ def run(links=("1GbE", "10GbE"), world_size=2, steps=4, width=512, depth=4, batc
 
 
 def check_gradients(per_rank, variants):
-    """Raise unless every fp32 variant's gradients equal the first one's exactly and every
+    """Raise unless every fp32 variant's gradients equal plain BucketedDDP's exactly and every
     compressed variant's are within bf16 rounding (1e-2): only time may change."""
     for r, res in enumerate(per_rank):
         for (link, name), diff in res["grad_diff"].items():
