@@ -26,6 +26,7 @@ BENCHMARKS = {
     "costmodel": "labutils.bench:bench_costmodel",
     "ddp": "labutils.profile:bench_ddp",
     "zero": "labutils.sharding:bench_zero",
+    "emulated_ddp": "labutils.emulated_ddp:bench_emulated_ddp",
 }
 
 
@@ -95,9 +96,43 @@ def bench_launch(quick=False):
                          "mp.spawn": _spawn_job},
                         repeats=1 if quick else 5, warmup=0)
     ours, spawn = stats["lu.launch"], stats["mp.spawn"]
+    shutdown = Stats.of([_shutdown_seconds() for _ in range(1 if quick else 5)])
     return [Row("launch", "warm lu.launch, 2 ranks, 1 all-reduce", ours, "s"),
             Row("launch", "torch.multiprocessing.spawn, same job", spawn, "s"),
-            Row("launch", "lu.launch / mp.spawn", ours / spawn, "ratio", "target <= 0.05")]
+            Row("launch", "lu.launch / mp.spawn", ours / spawn, "ratio", "target <= 0.05"),
+            Row("launch", "stop to every rank ended and reaped, 2 sleeping ranks", shutdown,
+                "s", "target < 2")]
+
+
+def _sleep_after_barrier(rank, world_size, flag_dir):
+    import torch.distributed as dist
+    dist.barrier()
+    open(os.path.join(flag_dir, f"rank{rank}"), "w").close()
+    time.sleep(600)
+
+
+def _shutdown_seconds():
+    """Seconds from ``stop_all()`` (a panel's Stop) until ``launch`` has raised, which it does
+    only once every rank is dead and reaped."""
+    import threading
+
+    from .launcher import LaunchStopped, launch, stop_all
+    stopped_at = []
+    with tempfile.TemporaryDirectory() as d:
+        def stop_when_running():
+            while len(os.listdir(d)) < 2:
+                time.sleep(0.01)
+            stopped_at.append(time.perf_counter())
+            stop_all()
+        thread = threading.Thread(target=stop_when_running, daemon=True)
+        thread.start()
+        try:
+            launch(_sleep_after_barrier, d, world_size=2, timeout=120)
+        except LaunchStopped:
+            pass
+        ended = time.perf_counter()
+        thread.join()
+    return ended - stopped_at[0]
 
 
 # ---- costmodel: alpha-beta fitted here predicts gloo all-reduce; emulated link accuracy ----
@@ -192,7 +227,7 @@ def machine():
     import platform
 
     import torch
-    cpu = platform.processor() or platform.machine()
+    cpu = platform.machine()  # platform.processor() would start a `uname` process
     try:
         with open("/proc/cpuinfo") as f:
             cpu = next(line.split(":", 1)[1].strip() for line in f if "model name" in line)

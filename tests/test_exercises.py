@@ -1,7 +1,6 @@
 """lu.exercises: first_difference in words (no processes), and run_check on real ranks through
 the worked example check_average_gradients: accepts the reference, rejects typical wrong
 answers with a message naming case, rank and element, catches a deadlock by its timeout."""
-import time
 
 import numpy as np
 import pytest
@@ -166,9 +165,7 @@ def test_unfilled_stub_says_fill_me_in():
 
 @pytest.mark.slow
 def test_deadlock_is_caught_by_the_timeout_naming_the_ranks():
-    start = time.monotonic()
     result = exercises.check_average_gradients(deadlocking_send_order, timeout=5)
-    assert time.monotonic() - start < 60
     assert not result.passed
     assert result.message.startswith("❌ average_gradients: case 1 of 3 (world_size=2, n=3, "
                                      "seed=4969): did not finish in 5 s (deadlock?): ")

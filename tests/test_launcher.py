@@ -2,6 +2,7 @@
 output order, bad input and leftovers. Every test starts real processes."""
 import _thread
 import inspect
+import ipaddress
 import os
 import signal
 import subprocess
@@ -18,8 +19,9 @@ import torch.distributed as dist
 import labutils as lu
 from labutils import launcher
 
-from .launch_workers import (allreduce_rank, deadlock, die_on, num_threads, ordered_prints,
-                             raise_on, report_progress, sleep_forever, unpicklable_result)
+from .launch_workers import (allreduce_rank, deadlock, die_on, listening_sockets, num_threads,
+                             ordered_prints, raise_on, report_progress, sleep_forever,
+                             unpicklable_result)
 
 pytestmark = [pytest.mark.lab01]
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -43,6 +45,7 @@ def rank_pids():
 
 # ---- results ------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 def test_results_indexed_by_rank(world_size):
     out = lu.launch(allreduce_rank, world_size=world_size, scale=2.0)
@@ -54,6 +57,7 @@ def test_results_indexed_by_rank(world_size):
     assert len({r["pid"] for r in out} | {os.getpid()}) == world_size + 1  # real processes
 
 
+@pytest.mark.slow
 def test_positional_args_and_local_function():
     offset = 10
 
@@ -63,6 +67,7 @@ def test_positional_args_and_local_function():
     assert lu.launch(add, 1, world_size=2, b=100) == [111, 112]
 
 
+@pytest.mark.slow
 def test_function_defined_in_main_module():
     # What a notebook cell does: a function whose module is __main__ and not importable.
     ns = {"__name__": "__main__"}
@@ -102,17 +107,16 @@ def test_function_defined_in_a_real_notebook_kernel(tmp_path):
 
 # ---- failures -----------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_exception_in_a_rank():
-    t0 = time.monotonic()
+    # the peers wait forever in recv for rank 1: launch must end them, not its timeout
     with pytest.raises(lu.WorkerError) as info:
-        lu.launch(raise_on, world_size=3, bad_rank=1, timeout=60)
-    assert time.monotonic() - t0 < 10
+        lu.launch(raise_on, world_size=3, bad_rank=1, timeout=600)
     err = info.value
     assert str(err) == "rank 1: ValueError: bad value on rank 1"
     assert err.rank == 1 and err.exitcode == 1
     assert "raise_on" in err.remote_traceback and "ValueError" in err.remote_traceback
-    time.sleep(0.2)
-    assert rank_pids() == set()  # the ranks stuck in recv were ended
+    assert rank_pids() == set()  # the ranks stuck in recv were ended and reaped
 
 
 @pytest.mark.parametrize("how, expected", [
@@ -120,6 +124,7 @@ def test_exception_in_a_rank():
     ("kill", "rank 1: process killed by signal SIGKILL"),
     ("segv", "rank 1: process killed by signal SIGSEGV"),
 ])
+@pytest.mark.slow
 def test_rank_that_dies_without_raising(how, expected):
     with pytest.raises(lu.WorkerError) as info:
         lu.launch(die_on, how, world_size=2, timeout=60)
@@ -127,13 +132,12 @@ def test_rank_that_dies_without_raising(how, expected):
     assert info.value.rank == 1
 
 
+@pytest.mark.slow
 def test_timeout_names_where_each_rank_is_stuck():
     recv_line = inspect.getsourcelines(deadlock)[1] + 3  # the dist.recv line
     sleep_line = recv_line + 2
-    t0 = time.monotonic()
     with pytest.raises(lu.LaunchTimeout) as info:
         lu.launch(deadlock, world_size=2, timeout=5)
-    assert 5 <= time.monotonic() - t0 < 30  # generous: the machine may be loaded
     err = info.value
     assert isinstance(err, TimeoutError) and isinstance(err, lu.WorkerError)
     msg = str(err)
@@ -145,46 +149,57 @@ def test_timeout_names_where_each_rank_is_stuck():
     assert rank_pids() == set()
 
 
+@pytest.mark.slow
 def test_unpicklable_return_value():
     with pytest.raises(lu.WorkerError, match=r"^rank 0: TypeError: rank 0 returned a value"):
         lu.launch(unpicklable_result, world_size=1)
 
 
-def when_started(tmp_path, action, world_size=2):
-    """Call ``action`` from a thread once every rank has written its pid file."""
-    def wait_then_act():
-        deadline = time.monotonic() + 60
-        while len(list(tmp_path.glob("rank*.pid"))) < world_size and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(0.1)
-        action()
-    timer = threading.Thread(target=wait_then_act, daemon=True)
-    timer.cancel = lambda: None
-    timer.start()
-    return timer
+class when_started:
+    """Call ``action`` from a thread once every rank has written its pid file; ``cancel()``
+    stops the thread before it acts (if it has not yet) and waits for it."""
+
+    def __init__(self, tmp_path, action, world_size=2):
+        self.cancelled, self.acted = threading.Event(), threading.Event()
+
+        def wait_then_act():
+            while len(list(tmp_path.glob("rank*.pid"))) < world_size:
+                if self.cancelled.wait(0.05):
+                    return
+            action()
+            self.acted.set()
+        self.thread = threading.Thread(target=wait_then_act, daemon=True)
+        self.thread.start()
+
+    def cancel(self):
+        self.cancelled.set()
+        self.thread.join()
 
 
-def test_interrupt_ends_every_rank_quickly(tmp_path):
+@pytest.mark.slow
+def test_interrupt_ends_every_rank(tmp_path):
+    """The interrupt reaches launch while both ranks sleep; when launch has raised, every rank
+    is already dead and reaped (how long that takes is `bench launch`'s shutdown figure)."""
     timer = when_started(tmp_path, _thread.interrupt_main)
-    t0 = None
     try:
         with pytest.raises(KeyboardInterrupt):
-            try:
-                lu.launch(sleep_forever, str(tmp_path), world_size=2, timeout=60)
-            except KeyboardInterrupt:
-                t0 = time.monotonic()
-                raise
+            lu.launch(sleep_forever, str(tmp_path), world_size=2, timeout=600)
     finally:
         timer.cancel()
+    assert timer.acted.is_set()
     pids = [int((tmp_path / f"rank{r}.pid").read_text()) for r in range(2)]
     assert not any(pid_alive(p) for p in pids)
-    assert time.monotonic() - t0 < 2.0
+    assert rank_pids() == set()
 
 
+@pytest.mark.slow
 def test_stop_all_from_another_thread(tmp_path):
-    when_started(tmp_path, launcher.stop_all)
-    with pytest.raises(lu.LaunchStopped):
-        lu.launch(sleep_forever, str(tmp_path), world_size=2, timeout=60)
+    timer = when_started(tmp_path, launcher.stop_all)
+    try:
+        with pytest.raises(lu.LaunchStopped):
+            lu.launch(sleep_forever, str(tmp_path), world_size=2, timeout=600)
+    finally:
+        timer.cancel()
     pids = [int((tmp_path / f"rank{r}.pid").read_text()) for r in range(2)]
     assert not any(pid_alive(p) for p in pids)
 
@@ -231,7 +246,9 @@ def test_killed_kernel_takes_its_ranks_with_it(tmp_path):
         assert all(pid_alive(p) for p in pids)
         proc.kill()  # like a kernel restart: no chance to clean up
         proc.wait()
-        deadline = time.monotonic() + 5
+        # no speed asserted: the ranks must go by themselves (parent-death signal, watchdog);
+        # the deadline only keeps a broken build from hanging the suite
+        deadline = time.monotonic() + 120
         while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not any(pid_alive(p) for p in pids)
@@ -251,6 +268,7 @@ def test_two_kernels_launching_at_once_never_mix(tmp_path):
         assert f"ok {token}" in out
 
 
+@pytest.mark.slow
 def test_concurrent_launches_from_threads():
     results = {}
 
@@ -268,6 +286,7 @@ def test_concurrent_launches_from_threads():
 
 # ---- output -------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_output_prefixed_and_in_rank_order(capsys):
     expected = ("[rank 0] hello from 0\n[rank 0] second line 0\n"
                 "[rank 1] hello from 1\n[rank 1] second line 1\n"
@@ -277,6 +296,7 @@ def test_output_prefixed_and_in_rank_order(capsys):
         assert capsys.readouterr().out == expected
 
 
+@pytest.mark.slow
 def test_output_to_sink_and_progress():
     lines, progress = [], []
     with launcher.output_to(lines.append, lambda n, total, desc: progress.append((n, total))):
@@ -288,12 +308,14 @@ def test_output_to_sink_and_progress():
 
 # ---- threads and bad input ----------------------------------------------------------------
 
+@pytest.mark.slow
 def test_threads_per_rank():
     cores = launcher._cpu_count()
     assert lu.launch(num_threads, world_size=2) == [max(1, cores // 2)] * 2
     assert lu.launch(num_threads, world_size=1, threads_per_rank=1) == [1]
 
 
+@pytest.mark.slow
 def test_more_ranks_than_cores_warns_and_runs():
     n = launcher._cpu_count() + 1
     with pytest.warns(UserWarning, match="oversubscription"):
@@ -330,8 +352,24 @@ def test_unpicklable_arguments_refused_before_start():
         lu.launch(allreduce_rank, world_size=2, scale=threading.Lock())
 
 
+# ---- network: nothing of a launch is reachable from another machine ----------------------
+
+@pytest.mark.slow
+def test_nothing_listens_beyond_loopback(monkeypatch):
+    # even when the caller's environment names a real interface for gloo
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth0")
+    out = lu.launch(listening_sockets, os.getpid(), world_size=2)
+    seen = {name: addrs for per_rank in out for name, addrs in per_rank.items()}
+    assert set(seen) == {"caller", "rank 0", "rank 1"}
+    assert seen["caller"], "the rendezvous store should be listening during the launch"
+    for name, addrs in seen.items():
+        for ip, port in addrs:
+            assert ipaddress.ip_address(ip).is_loopback, f"{name} listens on {ip}:{port}"
+
+
 # ---- no leftovers -------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_no_growth_in_processes_fds_threads():
     me = psutil.Process()
     lu.launch(allreduce_rank, world_size=2)  # warm: forkserver running
@@ -342,7 +380,10 @@ def test_no_growth_in_processes_fds_threads():
         lu.launch(allreduce_rank, world_size=2)
         with pytest.raises(lu.WorkerError):
             lu.launch(raise_on, world_size=2)
-    time.sleep(0.3)  # let the forkserver reap
+    # the forkserver reaps the last ranks on its own schedule: wait for it (no speed asserted)
+    deadline = time.monotonic() + 60
+    while len(me.children(recursive=True)) > before[2] and time.monotonic() < deadline:
+        time.sleep(0.05)
     after = (me.num_fds(), me.num_threads(), len(me.children(recursive=True)))
     # No growth; a count may fall when a thread of an earlier test (a timer) finishes.
     assert all(a <= b for a, b in zip(after, before)), (after, before)
@@ -371,6 +412,7 @@ def test_same_function_under_torchrun():
     assert "'sum': tensor([6.])" in out.stdout and "'world_size': 2" in out.stdout
 
 
+@pytest.mark.slow
 def test_run_outside_torchrun_says_how():
     out = subprocess.run([sys.executable, "-m", "labutils.run", "labutils.bench:_one_allreduce"],
                          cwd=ROOT, capture_output=True, text=True, timeout=60,

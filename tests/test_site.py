@@ -127,6 +127,7 @@ def test_links_are_rewritten_and_outputs_are_the_stored_ones(tiny_repo, tmp_path
     assert "../index.html" in parse(site / "docs" / "guide.html").links
 
 
+@pytest.mark.slow
 def test_cli_fails_on_a_broken_link(tiny_repo, tmp_path):
     run = subprocess.run([sys.executable, str(TOOL), "--root", str(tiny_repo), "--out",
                           str(tmp_path / "site")], capture_output=True, text=True, timeout=300)
