@@ -43,9 +43,9 @@ def allreduce_worker(rank, world_size, sizes=(1 << 10, 1 << 20, 64 << 20), repea
     """``{nbytes: {"gloo": Stats, "shm": Stats, "shm zero-copy": Stats}}`` in seconds, timed
     interleaved per size. "shm" copies the tensor into the shared segment and back out;
     "shm zero-copy" reduces a tensor that already lives there (``ShmAllReduce.buffer``)."""
-    from .shm_allreduce import ShmAllReduce
+    from .shm_allreduce import make_all_reduce
     out = {}
-    with ShmAllReduce(buffer_bytes=max(sizes)) as shm:
+    with make_all_reduce(buffer_bytes=max(sizes)) as shm:
         for nbytes in sizes:
             x = torch.ones(nbytes // 4)
             in_shm = shm.buffer(nbytes // 4)
@@ -75,7 +75,7 @@ def ddp_step_worker(rank, world_size, batch_per_rank=64, steps=6, hook=None, wid
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from . import models, workloads
-    from .shm_allreduce import ShmAllReduce, shm_allreduce_hook
+    from .shm_allreduce import make_all_reduce, shm_allreduce_hook
     wl = workloads.get("digits")
     torch.manual_seed(0)
     model = models.DigitsCNN(channels=16 * width, hidden=64 * width)
@@ -83,7 +83,7 @@ def ddp_step_worker(rank, world_size, batch_per_rank=64, steps=6, hook=None, wid
         model = DDP(model)
     shm = None
     if hook == "shm" and world_size > 1:
-        shm = ShmAllReduce()
+        shm = make_all_reduce()
         model.register_comm_hook(shm, shm_allreduce_hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     X, y = wl.train_set

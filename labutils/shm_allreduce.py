@@ -24,16 +24,23 @@ that lives in the segment; ``all_reduce_`` of it is zero-copy (each rank sums it
 every rank's buffer in place, then reads the other slices): about 2.5 bytes per byte.
 
 The segment is unlinked as soon as every rank has mapped it, so nothing is left in /dev/shm
-even if a rank is killed. Memory ordering relies on x86's total store order (stores become
-visible in program order); on other CPUs prefer gloo.
+even if a rank is killed.
+
+Memory ordering: the flag protocol relies on x86's total store order (a peer that sees my flag
+also sees the data I wrote before it). ARM (Apple silicon, Graviton, ...) and POWER may make
+the flag visible first, so a peer could sum stale data: a silently wrong result. Python has no
+memory fence to put between them, so on those CPUs ``ShmAllReduce`` refuses to start
+(``UnsupportedCPU``), and ``make_all_reduce()`` falls back to gloo with a warning.
 """
 from __future__ import annotations
 
 import mmap
 import os
+import platform
 import secrets
 import tempfile
 import time
+import warnings
 
 import numpy as np
 import torch
@@ -46,6 +53,65 @@ _SPIN_S = 200e-6               # spin this long before yielding the core to othe
 _YIELD = getattr(os, "sched_yield", lambda: time.sleep(0))
 
 
+# CPUs whose stores become visible to other cores in program order (total store order)
+STORE_ORDERED = ("x86_64", "amd64", "i386", "i486", "i586", "i686", "x86")
+
+
+class UnsupportedCPU(RuntimeError):
+    """The shared-memory all-reduce would be unsafe on this CPU (no total store order)."""
+
+
+def supported(machine=None):
+    """True on x86 CPUs, where the flag protocol is correct; False elsewhere (ARM, POWER)."""
+    return (machine or platform.machine()).lower() in STORE_ORDERED
+
+
+def _refuse_unless_supported():
+    machine = platform.machine()
+    if not supported(machine):
+        raise UnsupportedCPU(
+            f"the shared-memory all-reduce needs x86's total store order; this CPU is "
+            f"{machine!r}, where a peer could see a flag before the data it guards and sum "
+            f"stale values. Use gloo: dist.all_reduce, or "
+            f"lu.shm_allreduce.make_all_reduce(), which falls back to it")
+
+
+class GlooAllReduce:
+    """The fall-back with ``ShmAllReduce``'s interface: ``all_reduce_`` is ``dist.all_reduce``
+    and ``buffer`` an ordinary tensor."""
+
+    def __init__(self, group=None, **_ignored):
+        self.group = group
+        self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
+
+    def buffer(self, numel, dtype=torch.float32):
+        return torch.zeros(numel, dtype=dtype)
+
+    def all_reduce_(self, tensor):
+        dist.all_reduce(tensor, group=self.group)
+        return tensor
+
+    def close(self):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def make_all_reduce(group=None, **kwargs):
+    """``ShmAllReduce(group, **kwargs)`` on x86; elsewhere a warning and ``GlooAllReduce``
+    (same interface), never a silently wrong sum."""
+    if supported():
+        return ShmAllReduce(group, **kwargs)
+    warnings.warn(f"shared-memory all-reduce unavailable on {platform.machine()!r} (it needs "
+                  f"x86's store order): using gloo instead, so figures labelled 'shm' are "
+                  f"gloo's on this machine", RuntimeWarning, stacklevel=2)
+    return GlooAllReduce(group)
+
+
 class ShmAllReduce:
     """``ShmAllReduce(group=None, chunk_bytes=4 MiB)``, created collectively on every rank;
     ``all_reduce_(tensor)`` sums in place like ``dist.all_reduce``; ``close()`` when done."""
@@ -56,6 +122,7 @@ class ShmAllReduce:
                              f"got {chunk_bytes}")
         if buffer_bytes < 0:
             raise ValueError(f"buffer_bytes must be >= 0; got {buffer_bytes}")
+        _refuse_unless_supported()  # on every rank, before any collective: all refuse alike
         self.group, self.timeout = group, timeout
         self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
         self.chunk_bytes = chunk_bytes

@@ -150,3 +150,46 @@ def _bad_input(rank, world_size):
 def test_non_contiguous_refused_with_fix():
     with pytest.raises(lu.WorkerError, match=r"contiguous.*\.contiguous\(\)"):
         lu.launch(_bad_input, world_size=2)
+
+
+# ---- CPUs without x86's store order (ARM, Apple silicon): refused, gloo instead ------------
+
+def _on_arm(rank, world_size):
+    """In the rank, pretend the CPU is arm64: ShmAllReduce must refuse on every rank (before
+    any collective, so none is left waiting), and make_all_reduce must fall back to gloo."""
+    import warnings
+    from unittest import mock
+
+    import torch.distributed as dist
+    with mock.patch.object(shm_allreduce.platform, "machine", return_value="arm64"):
+        try:
+            ShmAllReduce()
+            refused = None
+        except shm_allreduce.UnsupportedCPU as e:
+            refused = str(e)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            reducer = shm_allreduce.make_all_reduce(buffer_bytes=64)
+        x = torch.tensor([1.0, 2.0]) * (rank + 1)
+        reducer.all_reduce_(x)
+        expected = torch.tensor([1.0, 2.0]) * (rank + 1)
+        dist.all_reduce(expected)
+        reducer.close()
+    return refused, [str(w.message) for w in caught], type(reducer).__name__, x, expected
+
+
+@pytest.mark.lab04c
+def test_store_order_is_known_per_cpu():
+    assert shm_allreduce.supported("x86_64") and shm_allreduce.supported("AMD64")
+    for machine in ("arm64", "aarch64", "armv7l", "ppc64le", "riscv64", "s390x"):
+        assert not shm_allreduce.supported(machine), machine
+
+
+@pytest.mark.lab04c
+@pytest.mark.slow
+def test_non_x86_refused_and_falls_back_to_gloo():
+    for refused, warned, kind, got, expected in lu.launch(_on_arm, world_size=2):
+        assert refused is not None and "'arm64'" in refused and "gloo" in refused
+        assert kind == "GlooAllReduce"
+        assert any("using gloo instead" in w for w in warned), warned
+        assert torch.equal(got, expected)  # the fall-back sums correctly
