@@ -2,10 +2,12 @@
 ``lu.launch`` starts from a notebook, now on several processes, GPUs or nodes.
 
     torchrun --standalone --nproc-per-node=2 -m labutils.run labutils.bench:_one_allreduce
-    torchrun --nnodes=2 --node-rank=0 --nproc-per-node=4 --rdzv-backend=c10d \\
-        --rdzv-endpoint=HOST:29400 -m labutils.run package.module:function --steps 100
+    torchrun --nnodes=2 --node-rank=0 --nproc-per-node=1 --rdzv-backend=c10d \\
+        --rdzv-endpoint=HOST:29400 -m labutils.run --save-result result.pt \\
+        labutils.train:train_worker --steps 20
 
-Arguments after the function are keyword arguments, ``--key value`` (``--some-key`` becomes
+``--save-result FILE`` (before the function) makes rank 0 save the function's return value
+with ``torch.save``. Arguments after the function are keyword arguments, ``--key value`` (``--some-key`` becomes
 ``some_key``); values are read as Python literals when they parse as one (``3``, ``0.1``,
 ``[1, 2]``, ``True``), as strings otherwise. A bare ``--flag`` means ``True``.
 Used by 02 (the launchers map) and 04b (torchrun and fault tolerance).
@@ -17,7 +19,8 @@ import importlib
 import os
 import sys
 
-USAGE = "usage: python -m labutils.run package.module:function [--key value ...]"
+USAGE = ("usage: python -m labutils.run [--save-result FILE] package.module:function "
+         "[--key value ...]")
 
 
 def parse_target(spec):
@@ -63,6 +66,15 @@ def main(argv=None):
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0
+    save_to = None
+    if argv[0] == "--save-result" or argv[0].startswith("--save-result="):
+        if "=" in argv[0]:
+            save_to, argv = argv[0].split("=", 1)[1], argv[1:]
+        elif len(argv) >= 2:
+            save_to, argv = argv[1], argv[2:]
+        if not save_to or not argv:
+            raise SystemExit(f"{USAGE}\nerror: --save-result needs a file name, then the "
+                             f"function")
     fn = parse_target(argv[0])
     kwargs = parse_kwargs(argv[1:])
     missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -89,6 +101,8 @@ def main(argv=None):
                             rank=rank, world_size=world_size)
     try:
         result = fn(rank, world_size, **kwargs)
+        if rank == 0 and save_to is not None:
+            torch.save(result, save_to)
         if rank == 0 and result is not None:
             print(f"[rank 0] result: {result!r}", flush=True)
     finally:

@@ -1,5 +1,6 @@
-"""The 04b training script under torchrun: a killed worker is restarted and finishes from the
-last checkpoint with exactly the weights of an undisturbed run."""
+"""torchrun: the 04b training script with a killed worker restarts and finishes from the last
+checkpoint with exactly the weights of an undisturbed run; the README's multi-node command,
+run as two nodes on this machine, trains exactly as ``lu.launch`` does."""
 import os
 import subprocess
 import sys
@@ -39,3 +40,55 @@ def test_killed_worker_restarts_and_matches_undisturbed_run(tmp_path):
         assert restarted["losses"][step] == undisturbed["losses"][step], step
     for name, value in undisturbed["state"].items():
         assert torch.equal(restarted["state"][name], value), name
+
+
+# ---- two nodes: the README's multi-node command, run as two torchrun agents on this machine --
+
+def _readme_multinode_command():
+    """The command between the README's multinode markers, as one line."""
+    import re
+    with open(os.path.join(ROOT, "README.md")) as f:
+        text = f.read()
+    block = re.search(r"<!-- multinode:start -->\n(.*?)<!-- multinode:end -->", text, re.S)
+    assert block, "README.md lost its <!-- multinode:start/end --> block"
+    return " ".join(line.strip().rstrip("\\").strip() for line in block.group(1).splitlines())
+
+
+def _free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.lab04b
+@pytest.mark.slow
+def test_two_nodes_with_c10d_rendezvous_match_launch(tmp_path):
+    import shlex
+
+    import labutils as lu
+    from labutils import train
+    words = shlex.split(_readme_multinode_command())
+    assert words[0] == "torchrun" and "--node-rank=0" in words and "HOST:29400" in " ".join(words)
+    port = _free_port()
+    procs = []
+    for node in (0, 1):
+        cmd = [sys.executable, "-m", "torch.distributed.run"]
+        for w in words[1:]:
+            w = w.replace("HOST:29400", f"127.0.0.1:{port}")
+            w = "--node-rank=1" if w == "--node-rank=0" and node == 1 else w
+            cmd.append(str(tmp_path / f"node{node}.pt") if w == "result.pt" else w)
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    for node, (p, out) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0, f"node {node}:\n{out[-3000:]}"
+    # only global rank 0 saves; c10d rendezvous gives it to whichever agent joined first
+    saved = [tmp_path / f"node{n}.pt" for n in (0, 1) if (tmp_path / f"node{n}.pt").exists()]
+    assert len(saved) == 1, saved
+    two_nodes = torch.load(saved[0], weights_only=False)
+    launched = lu.launch(train.train_worker, steps=20, world_size=2, threads_per_rank=1)[0]
+    assert two_nodes.losses == launched.losses
+    for name, value in launched.state_dict.items():
+        assert torch.equal(two_nodes.state_dict[name], value), name
