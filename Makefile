@@ -3,17 +3,36 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 STAMP := $(VENV)/.installed
 NBVAL := --nbval --nbval-current-env --nbval-cell-timeout=600 --nbval-sanitize-with tests/nbval_sanitize.cfg -p no:randomly
 
-.PHONY: lab test test-fast test-notebooks bench gpu-check venv clean
+# Which torch build: `cpu` (default; on Linux x86-64 the `+cpu` wheel, about 200 MB, from
+# PyTorch's CPU index; elsewhere the standard wheel) or `cuda` (PyPI's build: on Linux the
+# CUDA one, about 2.7 GB with its nvidia packages). Change it on a fresh venv:
+# `make clean && make lab TORCH=cuda`.
+TORCH ?= cpu
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
+
+.PHONY: lab test test-fast test-notebooks test-portable bench gpu-check venv clean
 
 venv: $(STAMP)
 
 # Reinstall only when requirements.txt changed (the stamp is its copy).
 $(STAMP): requirements.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	@# torch alone first (no dependencies, so only torch is looked up on PyTorch's index; where
+	@# that index cannot be reached pip warns and takes a local wheel that satisfies the pin)
+ifeq ($(TORCH),cuda)
+	$(PIP) torch==2.13.0
+else ifeq ($(TORCH),cpu)
+	$(PIP) --no-deps --extra-index-url $(TORCH_CPU_INDEX) -r <(grep -E '^torch==' requirements.txt)
+else
+	$(error TORCH must be cpu or cuda; got '$(TORCH)')
+endif
+	$(PIP) -r <(grep -vE '^torch==' requirements.txt)
+	$(PY) -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') else \
+		'torch ' + torch.__version__ + ' installed, 2.13.0 pinned: make clean, then make again')"
 	@# Make `import labutils` work from notebooks/ and from the ranks, without a build step.
 	@echo "$(CURDIR)" > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/labutils-dev.pth"
 	@cp requirements.txt $(STAMP)
@@ -23,16 +42,26 @@ lab: $(STAMP)
 	$(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1 --no-browser --ServerApp.root_dir=notebooks \
 		$$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 
-# Everything CI checks: unit and multi-process tests, then every notebook under nbval.
+# Unit and multi-process tests, then every notebook under nbval. CI (.ci/run) also runs
+# test-portable.
 test: $(STAMP)
 	$(PY) -m pytest tests
 	$(PY) -m pytest $(NBVAL) notebooks
 
+# No process started (enforced by tests/conftest.py), under a minute.
 test-fast: $(STAMP)
 	$(PY) -m pytest tests -m "not slow and not browser"
 
 test-notebooks: $(STAMP)
 	$(PY) -m pytest $(NBVAL) notebooks
+
+# The stored outputs must reproduce on any x86-64 CPU and thread count: nbval with PyTorch's
+# scalar kernels, with its AVX2 kernels (whatever this CPU has), and with one thread per rank
+# (and in the kernel).
+test-portable: $(STAMP)
+	ATEN_CPU_CAPABILITY=default $(PY) -m pytest $(NBVAL) notebooks
+	ATEN_CPU_CAPABILITY=avx2 $(PY) -m pytest $(NBVAL) notebooks
+	OMP_NUM_THREADS=1 $(PY) -m pytest $(NBVAL) notebooks
 
 bench: $(STAMP)
 	$(PY) -m labutils.bench all
