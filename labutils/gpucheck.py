@@ -112,12 +112,12 @@ def summarise(result, cfg, peak):
     mfu = Stats.of([model_flops / t / peak for t in result["times"]])
     rows.append(Row("gpucheck", "model FLOPs utilisation (PaLM)", mfu, "of peak",
                     f"peak {peak / 1e12:.0f} TFLOP/s bf16; target >= 0.35"))
-    efficiency = planner.compare_narayanan()[0]["efficiency"]
+    efficiency = planner.HARDWARE["A100-80GB"].efficiency
     transformer = planner.Transformer(cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.seq_len,
                                       cfg.vocab_size)
     predicted = transformer.iteration_flops(cfg.batch_size, recompute=False) / (peak * efficiency)
     rows.append(Row("gpucheck", "planner's predicted step time", predicted, "s",
-                    f"efficiency {efficiency:.3f} calibrated on Megatron-LM 145.6 B (A100)"))
+                    f"efficiency {efficiency:.3f} (A100 default, fitted to Megatron-LM 145.6 B)"))
     rows.append(Row("gpucheck", "measured / predicted step", step / Stats.of([predicted]),
                     "ratio"))
     return rows
