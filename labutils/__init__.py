@@ -7,7 +7,8 @@ quick and one lab's module never slows another lab down.
 import importlib
 import inspect
 
-from .launcher import LaunchStopped, LaunchTimeout, WorkerError, launch, progress, stop_all
+from .launcher import (LaunchInterrupted, LaunchStopped, LaunchTimeout, WorkerError, launch,
+                       progress, stop_all)
 
 __version__ = "0.1.0"
 
@@ -16,6 +17,28 @@ _LAB_MODULES = ("launcher", "collectives", "async_sgd", "costmodel", "data", "mo
                 "workloads", "memory", "ddp", "checkpoint", "shm_allreduce", "bench",
                 "model_parallel", "pipeline", "tensor_parallel", "sharding", "planner",
                 "sync_batchnorm", "exercises")
+
+
+def _show_interrupted(shell, etype, value, tb, tb_offset=None):
+    """In a notebook, an interrupted launch is one line (every rank was ended; the frames
+    inside the launcher would only hide that). IPython ignores what a custom handler returns
+    when it runs user code, so the handler shows the error itself."""
+    stb = [f"KeyboardInterrupt: {value}"]
+    shell._showtraceback(etype, value, stb)
+    return stb
+
+
+def _register_interrupt_display():
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is not None and hasattr(shell, "set_custom_exc"):
+        shell.set_custom_exc((LaunchInterrupted,), _show_interrupted)
+
+
+_register_interrupt_display()
 
 
 def show_source(obj):

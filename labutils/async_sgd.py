@@ -31,6 +31,8 @@ import warnings
 from dataclasses import dataclass, replace
 
 import torch
+
+from .launcher import progress
 import torch.distributed as dist
 import torch.nn.functional as F
 
@@ -143,6 +145,7 @@ def sync_sgd_worker(rank, world_size, X, y, cfg):
     dist.barrier()
     hist = _History(params, X, y, cfg) if rank == 0 else None
     for step in range(cfg.steps):
+        progress(step + 1, cfg.steps, "steps")  # rank 0 drives a panel's bar
         idx = batch_indices(cfg, rank, step, len(X))
         _, grad = loss_and_grad(params, X[idx], y[idx], cfg.hidden)
         _straggle(cfg, rank, world_size)
@@ -164,6 +167,7 @@ def reference_sgd(X, y, cfg, world_size, first_rank=0):
 def _reference_sgd(X, y, cfg, ranks):
     params = init_params(X.shape[1], 10, cfg)
     for step in range(cfg.steps):
+        progress(step + 1, cfg.steps, "steps")  # rank 0 drives a panel's bar
         idx = torch.cat([batch_indices(cfg, r, step, len(X)) for r in ranks])
         _, grad = loss_and_grad(params, X[idx], y[idx], cfg.hidden)
         params -= cfg.lr * grad
@@ -226,6 +230,7 @@ def hogwild_worker(rank, world_size, X, y, cfg, path):
     dist.barrier()
     hist = _History(params, X, y, cfg) if rank == 0 else None
     for step in range(cfg.steps):
+        progress(step + 1, cfg.steps, "steps")  # rank 0 drives a panel's bar
         idx = batch_indices(cfg, rank, step, len(X))
         _, grad = loss_and_grad(params, X[idx], y[idx], cfg.hidden)  # reads a racy snapshot
         _straggle(cfg, rank, world_size)
@@ -304,6 +309,7 @@ def _delayed_sgd(X, y, cfg, staleness):
     old = collections.deque([params.clone()], maxlen=staleness + 1)
     points = [(0, full_loss(params, X, y, cfg.hidden))]
     for step in range(cfg.steps):
+        progress(step + 1, cfg.steps, "steps")  # rank 0 drives a panel's bar
         idx = batch_indices(cfg, 0, step, len(X))
         _, grad = loss_and_grad(old[0], X[idx], y[idx], cfg.hidden)
         params -= cfg.lr * grad

@@ -28,6 +28,8 @@ import shutil
 
 import numpy as np
 import torch
+
+from .launcher import progress
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
@@ -259,6 +261,7 @@ def train_script(rank, world_size, steps=30, ckpt_dir=None, ckpt_every=5, kill_a
     losses = {}
     while step < steps:
         for xb, yb in loader:
+            progress(step + 1, steps, "steps")  # rank 0 drives a panel's bar
             xb = xb + noise * torch.randn_like(xb)  # augmentation: uses this rank's RNG
             loss = wl.loss_fn(model(xb), yb)
             opt.zero_grad(set_to_none=True)

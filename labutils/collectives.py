@@ -16,6 +16,7 @@ import warnings
 import torch
 import torch.distributed as dist
 
+from .launcher import progress
 from .timing import Stats
 
 KiB, MiB = 2 ** 10, 2 ** 20
@@ -236,6 +237,7 @@ def time_all_reduce_worker(rank, world_size, sizes, impls=("gloo",), repeats=5, 
         x = torch.zeros(max(1, nbytes // 4))  # zeros: repeated sums never overflow
         times = {impl: [] for impl in impls}
         for i in range(warmup + repeats):
+            progress(i + 1, warmup + repeats, "repeats")  # rank 0 drives a panel's bar
             for impl in impls:  # round-robin, so machine noise hits every algorithm alike
                 dist.barrier()
                 t0 = time.perf_counter()

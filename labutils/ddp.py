@@ -327,6 +327,7 @@ def train_reference(steps=4, batch_size=12, seed=0, lr=0.1, aux_pattern="even", 
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     shard = batch_size // world_size
     for step, (X, y) in enumerate(make_batches(steps, batch_size, seed=seed + 1)):
+        progress(step + 1, steps, "steps")  # rank 0 drives a panel's bar
         opt.zero_grad()
         if aux_pattern == "even":
             loss = nn.functional.mse_loss(model(X, use_aux=uses_aux(step)), y)
@@ -365,6 +366,7 @@ def train_data_parallel(rank, world_size, version="bucketed", steps=4, batch_siz
     # find_unused_parameters=True; expected here, so it is kept out of the notebooks' output
     with _silence_stderr(version == "torch"):
         for step, (X, y) in enumerate(make_batches(steps, batch_size, seed=seed + 1)):
+            progress(step + 1, steps, "steps")  # rank 0 drives a panel's bar
             X, y = X[rank * shard:(rank + 1) * shard], y[rank * shard:(rank + 1) * shard]
             opt.zero_grad()
             loss = nn.functional.mse_loss(wrapped(X, use_aux=uses_aux(step, rank, aux_pattern)), y)
@@ -462,6 +464,7 @@ def time_versions(rank, world_size, hidden=256, batch_size=128, repeats=5, bucke
             steps[v] = (wrapped, None, calls)
     times = {v: [] for v in versions}
     for i in range(repeats + 1):  # the first round warms up (and lets DDP rebuild buckets)
+        progress(i, repeats, "repeats")  # rank 0 drives a panel's bar
         for v, (wrapped, finish, _) in steps.items():
             dist.barrier()
             t0 = time.perf_counter()
@@ -480,6 +483,7 @@ def time_versions(rank, world_size, hidden=256, batch_size=128, repeats=5, bucke
 
 # 04b's additions around PyTorch's DDP live in ddp_practice; re-exported so that
 # ``lu.ddp.register_hook`` and ``labutils.run labutils.ddp:train_script`` keep working
+from .launcher import progress
 from .ddp_practice import (  # noqa: E402,F401
     HOOKS, AllReduceBytes, accumulate_with_no_sync, bf16_allreduce_hook,
     check_no_sync_accumulation, register_hook, train_script)

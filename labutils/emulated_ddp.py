@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from .launcher import progress
 from . import costmodel as cm
 from .timing import Stats, slowest
 
@@ -74,6 +75,7 @@ def step_times(rank, world_size, links, variants=None, steps=4, width=512, depth
     x, y = torch.randn(batch, width), torch.randint(10, (batch,))
     times = {key: [] for key in runs}
     for step in range(steps + 1):               # step 0 warms up
+        progress(step, steps, "steps")  # rank 0 drives a panel's bar
         for key, model in runs.items():
             model.zero_grad(set_to_none=True)
             dist.barrier()                      # both ranks start each step together

@@ -218,7 +218,7 @@ def run_check(name, learner_fn, harness, cases, *, timeout=20.0, atol=1e-5, rtol
     total = len(cases)
     for number, case in enumerate(cases, 1):
         kwargs = {k: v for k, v in case.items() if k != "world_size"}
-        where = f"❌ {name}: case {number} of {total} ({_describe_case(case)})"
+        where = f"[wrong] {name}: case {number} of {total} ({_describe_case(case)})"
         try:
             with warnings.catch_warnings():
                 # 4 ranks on a 2-core laptop are fine for a correctness check; the warning
@@ -232,14 +232,14 @@ def run_check(name, learner_fn, harness, cases, *, timeout=20.0, atol=1e-5, rtol
                                       f"(deadlock?): {stuck}", case)
         except WorkerError as e:
             if _not_implemented(e):
-                return CheckResult(False, f"✋ {name}: not implemented yet; {FILL_ME_IN}", case)
+                return CheckResult(False, f"[to do] {name}: not implemented yet; {FILL_ME_IN}", case)
             return CheckResult(False, f"{where}: {_describe_error(e)}", case)
         for rank, (expected, got) in enumerate(pairs):
             diff = first_difference(expected, got, atol=atol, rtol=rtol)
             if diff is not None:
                 return CheckResult(False, f"{where}: rank {rank}, {diff}", case)
     sizes = sorted({case["world_size"] for case in cases})
-    return CheckResult(True, f"✅ {name}: {total} case{'s' * (total != 1)} passed "
+    return CheckResult(True, f"[ok] {name}: {total} case{'s' * (total != 1)} passed "
                              f"(world size{'s' * (len(sizes) != 1)} "
                              f"{', '.join(map(str, sizes))})")
 

@@ -13,6 +13,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from .launcher import progress
 from .timing import Stats
 
 
@@ -87,6 +88,7 @@ def time_sync_worker(rank, world_size, shapes, bucket_sizes, repeats=7, warmup=2
     times = {k: [] for k in variants}
     calls = {}
     for i in range(warmup + repeats):
+        progress(i + 1, warmup + repeats, "repeats")  # rank 0 drives a panel's bar
         for label, fn in variants.items():
             dist.barrier()
             t0 = time.perf_counter()

@@ -65,7 +65,16 @@ class LaunchTimeout(TimeoutError, WorkerError):
 
 
 class LaunchStopped(WorkerError):
-    """The launch was ended from outside (``stop_all()``, e.g. a panel's Stop button)."""
+    """The launch was ended from outside: ``stop_all()``, a panel's Stop button, or the
+    kernel's interrupt (JupyterLab's Stop) while a panel runs."""
+
+
+STOPPED = "stopped: every rank was ended"
+
+
+class LaunchInterrupted(KeyboardInterrupt):
+    """A launch in a notebook cell was interrupted (JupyterLab's Stop, Ctrl-C); every rank
+    was ended. Shown as one line in a notebook (see ``labutils.__init__``)."""
 
 
 # ----------------------------------------------------------------------------------------
@@ -129,12 +138,39 @@ def resolve_backend(backend, world_size):
 # Worker side: runs in each rank's process.
 
 _PROGRESS_CONN = None  # set in rank 0 so progress() can reach the caller
+_SEND_LOCK = threading.Lock()  # the result pipe is written by the rank and its interrupt watcher
+
+
+def _send(conn, message):
+    with _SEND_LOCK:
+        conn.send_bytes(pickle.dumps(message))
 
 
 def progress(n, total, desc=""):
-    """Report progress from a worker; rank 0's reports drive a progress bar in the caller."""
+    """Report progress: from rank 0 of a launch it drives the caller's progress bar (a panel's,
+    or tqdm's); called in the caller itself (an experiment made of several launches, or none)
+    it drives the bar of the panel running in this thread. Elsewhere it does nothing."""
     if _PROGRESS_CONN is not None:
-        _PROGRESS_CONN.send_bytes(pickle.dumps(("progress", int(n), int(total), str(desc))))
+        _send(_PROGRESS_CONN, ("progress", int(n), int(total), str(desc)))
+        return
+    sink = getattr(_local, "sink", None)
+    if sink is not None and sink.on_progress is not None:
+        sink.on_progress(int(n), int(total), str(desc))
+
+
+def _watch_interrupts(rank, res_w):
+    """Jupyter's Stop sends SIGINT to the kernel's whole process group, ranks included. A rank
+    does not raise KeyboardInterrupt (each rank would report its own error, and one blocked in
+    a C++ collective would not notice); a thread waits for the signal and tells the caller,
+    which ends every rank and reports one "stopped". SIGINT stays blocked in every other thread
+    (threads inherit the mask), so only this one receives it."""
+    def wait():
+        signal.sigwait({signal.SIGINT})
+        try:
+            _send(res_w, ("interrupted", rank))
+        except OSError:
+            pass
+    threading.Thread(target=wait, name="lu-watch-interrupt", daemon=True).start()
 
 
 def _die_with(launcher_pid):
@@ -184,6 +220,8 @@ def _exit_barrier(store, world_size):
 def _worker(rank, world_size, payload, port, prefix, backend, threads, out_w, res_w,
             stack_path, launcher_pid, timeout):
     global _PROGRESS_CONN
+    if hasattr(signal, "pthread_sigmask"):  # before any thread starts, so all inherit it
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     _forget_forkserver()
     # Everything the rank prints (Python and C++) goes to the caller through this pipe.
     os.dup2(out_w.fileno(), 1)
@@ -206,6 +244,8 @@ def _worker(rank, world_size, payload, port, prefix, backend, threads, out_w, re
         os.environ["GLOO_SOCKET_IFNAME"] = "lo0"
     if rank == 0:
         _PROGRESS_CONN = res_w
+    if hasattr(signal, "sigwait"):
+        _watch_interrupts(rank, res_w)
     import torch
     import torch.distributed as dist
     torch.set_num_threads(threads)
@@ -226,15 +266,15 @@ def _worker(rank, world_size, payload, port, prefix, backend, threads, out_w, re
             raise TypeError(f"rank {rank} returned a value that cannot be sent back "
                             f"({type(result).__name__}): {e}") from None
         sys.stdout.flush(), sys.stderr.flush()
-        res_w.send_bytes(message)
+        with _SEND_LOCK:
+            res_w.send_bytes(message)
         _exit_barrier(dist.PrefixStore(prefix + "/exit", store), world_size)
         dist.destroy_process_group()
     except BaseException as e:  # noqa: BLE001 - every failure goes back to the caller
         sys.stdout.flush(), sys.stderr.flush()
         # Trim the launcher's own frames so the traceback starts at the learner's code.
         tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
-        res_w.send_bytes(pickle.dumps(("error", time.time(), type(e).__name__,
-                                       str(e).strip(), tb, started)))
+        _send(res_w, ("error", time.time(), type(e).__name__, str(e).strip(), tb, started))
         os._exit(1)  # skip destroy_process_group: peers may be gone and it could block
 
 
@@ -255,10 +295,13 @@ def stop_all():
 
 class output_to:
     """Context manager: send rank output lines and progress of launches in this thread to
-    ``write(line)`` and ``on_progress(n, total, desc)`` instead of stdout and a tqdm bar."""
+    ``write(line)`` and ``on_progress(n, total, desc)`` instead of stdout and a tqdm bar.
+    Setting ``.stopped`` (a panel's Stop) ends the launch now running in that thread and
+    refuses any later one in it, even one that has not started its ranks yet."""
 
     def __init__(self, write, on_progress=None):
         self.write, self.on_progress = write, on_progress
+        self.stopped = False
 
     def __enter__(self):
         self.saved = getattr(_local, "sink", None)
@@ -372,6 +415,7 @@ class _Job:
         self.partial = [b""] * world_size
         self.held = [[] for _ in range(world_size)]  # ranks > 0: shown after rank 0
         self.bar = None
+        self.interrupted = False  # a rank saw the kernel's interrupt
 
     # -- output --------------------------------------------------------------------------
     def _emit(self, rank, line):
@@ -414,7 +458,12 @@ class _Job:
         self.bar.update(n - self.bar.n)
 
     # -- lifecycle -----------------------------------------------------------------------
+    def _stopping(self):
+        return self.stop_requested or (self.sink is not None and self.sink.stopped)
+
     def run(self):
+        if self._stopping():  # Stop pressed before this launch began: start nothing
+            raise LaunchStopped(STOPPED)
         ctx = warmup()
         store = _loopback_store(self.timeout)
         prefix = "lu-" + secrets.token_hex(8)  # a job nobody else can join by accident
@@ -481,8 +530,8 @@ class _Job:
                 _, rank, name, msg, tb, _ = min(errors, key=lambda e: (e[0], e[1]))
                 raise WorkerError(f"rank {rank}: {name}: {msg}", rank=rank, exitcode=1,
                                   remote_traceback=tb)
-            if self.stop_requested:
-                raise LaunchStopped("launch stopped; every rank was ended")
+            if self._stopping() or self.interrupted:
+                raise LaunchStopped(STOPPED)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise self._timeout_error([r for r in range(self.world_size)
@@ -531,6 +580,8 @@ class _Job:
                 values[rank] = message[1]
             elif message[0] == "progress":
                 self._progress(*message[1:])
+            elif message[0] == "interrupted":
+                self.interrupted = True
             else:
                 errors.append(message[1:2] + (rank,) + message[2:])
 
@@ -609,4 +660,14 @@ def launch(fn, *args, world_size=2, backend="auto", timeout=120.0, threads_per_r
                       f"(oversubscription), so timings will be slower than with "
                       f"{cores} ranks", stacklevel=2)
     threads = threads_per_rank or _env_threads() or max(1, cores // world_size)
-    return _Job(fn, args, kwargs, world_size, backend, float(timeout), threads).run()
+    job = _Job(fn, args, kwargs, world_size, backend, float(timeout), threads)
+    in_cell = threading.current_thread() is threading.main_thread() and job.sink is None
+    try:
+        return job.run()
+    except KeyboardInterrupt:
+        # every rank has been ended by now (run's finally); one line, not the launcher's frames
+        raise LaunchInterrupted(STOPPED) from None
+    except LaunchStopped:
+        if in_cell and job.interrupted:   # the ranks saw the interrupt before this thread did
+            raise LaunchInterrupted(STOPPED) from None
+        raise

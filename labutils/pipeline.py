@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .launcher import progress
 from .costmodel import bubble_fraction as predicted_bubble  # (p-1)/(m+p-1)
 from .model_parallel import (StageLayout, backward_from, boundary_shapes, sgd_step,
                              split_model)
@@ -219,6 +220,7 @@ def pipeline_worker(rank, world_size, model_fn, x, y, shapes, schedule="1f1b", n
     in_shape = shapes[rank]
     losses, grads, measured = [], None, None
     for step in range(steps):
+        progress(step + 1, steps, "steps")  # rank 0 drives a panel's bar
         tl = Timeline(rank)
         dist.barrier()                 # every rank starts the step together
         args = (ops, stage, layout, x_mbs, y_mbs, in_shape, tl, prev_ops)

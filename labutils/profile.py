@@ -17,6 +17,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from .launcher import progress
 from .timing import Stats
 
 
@@ -55,6 +56,7 @@ def allreduce_worker(rank, world_size, sizes=(1 << 10, 1 << 20, 64 << 20), repea
             times = {k: [] for k in runs}
             reps = repeats if nbytes >= 1 << 20 else repeats * 10
             for i in range(reps + 1):
+                progress(i, reps, "repeats")  # rank 0 drives a panel's bar
                 for name, fn in runs.items():
                     dist.barrier()
                     t0 = time.perf_counter()
@@ -93,6 +95,7 @@ def ddp_step_worker(rank, world_size, batch_per_rank=64, steps=6, hook=None, wid
     local = model.no_sync if hook == "none" and world_size > 1 else contextlib.nullcontext
     times = []
     for i in range(steps + 1):
+        progress(i, steps, "steps")  # rank 0 drives a panel's bar
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         with local():
@@ -119,6 +122,7 @@ def timeline_worker(rank, world_size, steps=3, bucket_cap_mb=0.1, width=4, batch
     X, y = wl.train_set
     xb, yb = X[:batch_per_rank], y[:batch_per_rank]
     for step in range(steps + 1):
+        progress(step, steps, "steps")  # rank 0 drives a panel's bar
         if step == 1:
             tl.spans.clear()  # the first step warms up
         dist.barrier()
@@ -130,27 +134,29 @@ def timeline_worker(rank, world_size, steps=3, bucket_cap_mb=0.1, width=4, batch
 
 
 def plot_overlap(spans, ax=None, title=""):
-    """Gantt chart with two lanes per rank: compute (forward, backward) and communication."""
+    """Gantt chart with two lanes per rank: compute (forward, backward) and communication.
+    Bucket labels show only where they fit in their bar and clear each other (buckets' spans
+    can overlap in time); the legend sits right of the axes."""
     import matplotlib.pyplot as plt
 
-    from .timeline import DEFAULT_COLORS, normalise
+    from .timeline import DEFAULT_COLORS, _label_bars, _lane_axis, _legend_outside, normalise
     spans = normalise(spans)
     ranks = sorted({s.rank for s in spans})
-    if ax is None:
-        _, ax = plt.subplots(figsize=(10, 1.1 * len(ranks) + 1))
+    if ax is None:   # constrained layout keeps the outside legend inside the figure
+        _, ax = plt.subplots(figsize=(10, 1.1 * len(ranks) + 1), layout="constrained")
+    labelled = []
     for s in spans:
         lane = s.rank * 2 + (1 if s.name == "allreduce" else 0)
-        ax.barh(lane, s.duration * 1e3, left=s.start * 1e3, height=0.8,
-                color=DEFAULT_COLORS.get(s.name, "grey"), edgecolor="black", linewidth=0.3)
+        bar = ax.barh(lane, s.duration * 1e3, left=s.start * 1e3, height=0.8,
+                      color=DEFAULT_COLORS.get(s.name, "grey"), edgecolor="black",
+                      linewidth=0.3).patches[0]
         if s.label and s.name == "allreduce":
-            ax.text((s.start + s.duration / 2) * 1e3, lane, s.label, ha="center", va="center",
-                    fontsize=6)
-    ax.set_yticks([2 * r + k for r in ranks for k in (0, 1)])
-    ax.set_yticklabels([f"rank {r} {what}" for r in ranks for what in ("compute", "comm")])
-    ax.invert_yaxis()
+            labelled.append((bar, s.label))
+    _label_bars(ax, labelled, fontsize=7)
+    _lane_axis(ax, [2 * r + k for r in ranks for k in (0, 1)],
+               [f"rank {r} {what}" for r in ranks for what in ("compute", "comm")])
     names = [n for n in ("forward", "backward", "allreduce") if any(s.name == n for s in spans)]
-    ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=DEFAULT_COLORS[n]) for n in names],
-              labels=names, fontsize=8, loc="upper right", ncol=3)
+    _legend_outside(ax, {n: DEFAULT_COLORS[n] for n in names})
     ax.set_xlabel("time (ms)")
     if title:
         ax.set_title(title)

@@ -24,6 +24,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .launcher import progress
 from .tensor_parallel import CommCounter
 
 # Volume in the paper's units: an all-reduce of n bytes is a reduce-scatter plus an
@@ -322,6 +323,7 @@ def train_worker(rank, world_size, kind="dp", sizes=(32, 64, 64, 8), batch=16, s
     def run():
         losses = []
         for step in range(steps):
+            progress(step + 1, steps, "steps")  # rank 0 drives a panel's bar
             start = time.perf_counter()
             loss = _loss(trainer.model, x, y, checkpoint, autocast)
             loss.backward()

@@ -10,6 +10,8 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
+from .launcher import progress
+
 
 @dataclass(frozen=True)
 class Stats:
@@ -53,10 +55,11 @@ def measure(fn, repeats=7, warmup=1):
     for _ in range(warmup):
         fn()
     times = []
-    for _ in range(repeats):
+    for i in range(repeats):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
+        progress(i + 1, repeats, "repeats")   # after the clock stops: a panel's bar moves
     return Stats.of(times)
 
 
@@ -69,9 +72,10 @@ def interleaved(fns, repeats=7, warmup=1):
         for fn in fns.values():
             fn()
     times = {name: [] for name in fns}
-    for _ in range(repeats):
+    for i in range(repeats):
         for name, fn in fns.items():
             t0 = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t0)
+        progress(i + 1, repeats, "repeats")
     return {name: Stats.of(v) for name, v in times.items()}

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from .launcher import progress
 from . import workloads
 from .exercises import make_cases, run_check
 from .timing import Stats
@@ -87,6 +88,7 @@ def _fit(wl, model, steps, batch_size, seed, lr, eval_every, rank, world_size):
     module = getattr(model, "module", model)
     losses, metrics, seconds = [], [], 0.0
     for step, idx in enumerate(global_batches(len(y), batch_size, steps, seed), start=1):
+        progress(step, steps, "steps")  # rank 0 drives a panel's bar
         t0 = time.perf_counter()
         xb, yb = shard(X[idx], rank, world_size), shard(y[idx], rank, world_size)
         loss = wl.loss_fn(model(xb), yb) * shard_weight(batch_size, rank, world_size)
@@ -198,6 +200,7 @@ def time_ddp_step(rank, world_size, workload="digits", batch_size=None, repeats=
 
     times = {"compute": [], "ddp": [], "allreduce": []}
     for i in range(repeats + 1):  # the first round is warm-up
+        progress(i, repeats, "repeats")  # rank 0 drives a panel's bar
         for name, fn in (("compute", compute), ("ddp", step), ("allreduce", allreduce)):
             dist.barrier()  # start together, so no rank's time includes waiting for another
             t0 = time.perf_counter()

@@ -13,11 +13,15 @@ slider starting at its midpoint, ``[options]`` (or a dict) a dropdown, ``True``/
 checkbox, a string a text box, an ipywidgets widget is used as is, ``ipywidgets.fixed(v)``
 passes ``v`` without a control.
 
+The controls open with the values the notebook's own run used: the function's defaults,
+overridden by ``values={...}`` (a value the control cannot show is refused, naming the fix).
+
 The run happens in a background thread so the kernel stays responsive: the Run button is
-disabled until it ends (a double click never starts two jobs), Stop ends the ranks
-(``lu.launch`` raises ``LaunchStopped``), rank output and rank 0's ``lu.progress`` calls go to
-the panel (``launcher.output_to``), and an error shows as ``rank N: ExcType: message`` in the
-panel's output area. The panel's outputs are widget *state* (``Output.outputs``), so they work
+disabled until it ends (a double click never starts two jobs); Stop, or JupyterLab's Stop
+(the kernel interrupt), ends every rank and shows "stopped: every rank was ended", also when
+pressed before the ranks started (the launch then starts nothing); rank output and rank 0's
+``lu.progress`` calls go to the panel (``launcher.output_to``); a new run clears the last one's
+result, error and status; an error shows as ``error: rank N: ExcType: message``. The panel's outputs are widget *state* (``Output.outputs``), so they work
 from a thread and can be tested without a browser. ``Panel.run(**overrides)`` runs it from
 code and returns the result (or raises).
 """
@@ -121,7 +125,7 @@ class Panel:
     """Controls, Run and Stop buttons, a progress bar, a log and an output area around
     ``run(**values)``; ``plot(result)`` draws the result (replaced on every run)."""
 
-    def __init__(self, run, plot=None, *, title="", **controls):
+    def __init__(self, run, plot=None, *, title="", values=None, **controls):
         if not callable(run):
             raise TypeError(f"run must be the experiment's plain function, called as "
                             f"run(**values); got {type(run).__name__}")
@@ -137,13 +141,46 @@ class Panel:
             else:
                 self.controls[name] = widget
         self._check_signature(run, list(controls))
+        self._open_with(run, dict(values or {}))
         self.result, self.error = None, None
+        self._sink = None
         self._lines = []
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._done.set()
         self._stop_requested = False
         self._build()
+
+    def _open_with(self, run, values):
+        """Set each control to the value the notebook's run used: ``values``, else the
+        function's default; refuse one the control cannot show."""
+        unknown = set(values) - set(self.controls) - set(self.fixed)
+        if unknown:
+            raise TypeError(f"values: no control called {sorted(unknown)[0]!r}")
+        try:
+            defaults = {k: p.default for k, p in inspect.signature(run).parameters.items()
+                        if p.default is not inspect.Parameter.empty}
+        except (TypeError, ValueError):
+            defaults = {}
+        for name, widget in self.controls.items():
+            if name not in values and name not in defaults:
+                continue
+            value = values.get(name, defaults.get(name))
+            options = getattr(widget, "options", None)
+            if options is not None:
+                labels = options.values() if isinstance(options, dict) else [
+                    o[1] if isinstance(o, tuple) else o for o in options]
+                ok = value in list(labels)
+            elif hasattr(widget, "min") and hasattr(widget, "max"):
+                ok = widget.min <= value <= widget.max
+            else:
+                ok = True
+            if not ok:
+                raise ValueError(f"control {name}: the experiment runs with {name}={value!r}, "
+                                 f"which the control cannot show; add it to the control's "
+                                 f"options or range, or pass values={{{name!r}: ...}}")
+            widget.value = value
+        self.initial = dict(self.values)
 
     @staticmethod
     def _check_signature(run, names):
@@ -224,6 +261,7 @@ class Panel:
         self.result = self.error = None
         self._lines = []
         self.log.outputs = ()
+        self.output.outputs = ()     # the last run's plot or error must not sit beside this one
         self.progress.value, self.progress_label.value = 0, ""
         self.status.value = "running…"
         threading.Thread(target=self._work, args=(values,), daemon=True,
@@ -233,21 +271,24 @@ class Panel:
     def _work(self, values):
         start = time.monotonic()
         try:
-            with launcher.output_to(self._write, self._on_progress):
+            with launcher.output_to(self._write, self._on_progress) as sink:
+                self._sink = sink
+                sink.stopped = self._stop_requested   # Stop pressed before this line
                 result = self._run_fn(**values)
             self.result = result
             self.output.outputs = self._draw(result)
             self.status.value = f"done in {time.monotonic() - start:.1f} s"
         except launcher.LaunchStopped as e:
             self.error = e
-            self.output.outputs = (_text_output("⏹ stopped: every rank was ended", "stderr"),)
+            self.output.outputs = (_text_output(launcher.STOPPED, "stderr"),)
             self.status.value = "stopped"
         except Exception as e:  # noqa: BLE001 - any error shows in the panel, which stays usable
             self.error = e
-            self.output.outputs = (_text_output(f"❌ {describe_error(e)}", "stderr"),)
+            self.output.outputs = (_text_output(f"error: {describe_error(e)}", "stderr"),)
             self.status.value = "error"
         finally:
             with self._lock:
+                self._sink = None
                 self._set_busy(False)
                 self._done.set()
 
@@ -270,18 +311,15 @@ class Panel:
         return outputs or (_text_output("(plot drew nothing)"),)
 
     def stop(self):
-        """End the ranks of the current run (they raise LaunchStopped); no-op when idle."""
+        """End the ranks of the current run, and refuse any launch it would start next (the
+        run ends with LaunchStopped); no-op when idle."""
         if not self.running:
             return
         self._stop_requested = True
+        sink = self._sink
+        if sink is not None:
+            sink.stopped = True
         self.status.value = "stopping…"
-
-        def keep_stopping():  # also catches a launch that starts between two stop_all calls
-            deadline = time.monotonic() + 30
-            while not self._done.is_set() and time.monotonic() < deadline:
-                launcher.stop_all()
-                self._done.wait(0.1)
-        threading.Thread(target=keep_stopping, daemon=True).start()
 
     def wait(self, timeout=None):
         """Wait for the current run to end; True if it has."""
@@ -310,6 +348,6 @@ class Panel:
         return bundle
 
 
-def panel(run, plot=None, *, title="", **controls):
+def panel(run, plot=None, *, title="", values=None, **controls):
     """A :class:`Panel` around ``run(**values)``; show it as a cell's last expression."""
-    return Panel(run, plot, title=title, **controls)
+    return Panel(run, plot, title=title, values=values, **controls)

@@ -33,3 +33,16 @@ def test_notebook_opens_with_its_chapter_and_objectives(lab):
     text = text.lower()
     assert "objectives" in text, "learning objectives"
     assert "summary" in text and "exercise" in text, "a summary and exercises at the end"
+
+
+@pytest.mark.parametrize("lab", [lab for lab in course.LABS if lab.exists],
+                         ids=lambda lab: lab.notebook)
+def test_notebook_stores_the_installed_kernelspec(lab):
+    """JupyterLab rewrites a notebook's kernelspec to the running kernel's on open; if they
+    differ, the notebook shows as modified before anyone touched it."""
+    from jupyter_client.kernelspec import KernelSpecManager
+    spec = KernelSpecManager().get_kernel_spec("python3")
+    with open(lab.path) as f:
+        stored = json.load(f)["metadata"]["kernelspec"]
+    assert stored == {"display_name": spec.display_name, "language": spec.language,
+                      "name": "python3"}

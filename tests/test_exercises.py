@@ -97,7 +97,7 @@ def test_make_cases_is_deterministic_and_covers_world_sizes():
 
 
 def test_check_result_shows_its_message():
-    result = CheckResult(False, "❌ x: case 1 of 1 (world_size=2): rank 0, element [0]: ...")
+    result = CheckResult(False, "[wrong] x: case 1 of 1 (world_size=2): rank 0, element [0]: ...")
     assert repr(result) == str(result) == result.message
     from IPython.lib.pretty import pretty
     assert pretty(result) == result.message
@@ -126,7 +126,7 @@ def test_bad_input_is_refused_before_any_process_starts(monkeypatch):
 def test_accepts_the_reference():
     result = exercises.check_average_gradients(exercises.average_gradients)
     assert result.passed and result.case is None
-    assert result.message == "✅ average_gradients: 3 cases passed (world sizes 2, 3, 4)"
+    assert result.message == "[ok] average_gradients: 3 cases passed (world sizes 2, 3, 4)"
 
 
 @pytest.mark.slow
@@ -141,7 +141,7 @@ def test_rejects_wrong_averages_naming_case_rank_and_element(wrong):
     assert not result.passed
     assert result.case == {"world_size": 2, "n": 3, "seed": 4969}
     assert result.message.startswith(
-        "❌ average_gradients: case 1 of 3 (world_size=2, n=3, seed=4969): rank 0, "
+        "[wrong] average_gradients: case 1 of 3 (world_size=2, n=3, seed=4969): rank 0, "
         "key '0.weight': element [0, 0]: expected -0.035177, got ")
     got = float(result.message.rsplit("got ", 1)[1])
     assert got != pytest.approx(-0.035177, abs=1e-4)
@@ -151,7 +151,7 @@ def test_rejects_wrong_averages_naming_case_rank_and_element(wrong):
 def test_learner_exception_names_rank_and_message():
     result = exercises.check_average_gradients(raises_on_rank_1)
     assert not result.passed
-    assert result.message == ("❌ average_gradients: case 1 of 3 (world_size=2, n=3, seed=4969): "
+    assert result.message == ("[wrong] average_gradients: case 1 of 3 (world_size=2, n=3, seed=4969): "
                               "rank 1 raised ValueError: shapes do not match")
 
 
@@ -159,7 +159,7 @@ def test_learner_exception_names_rank_and_message():
 def test_unfilled_stub_says_fill_me_in():
     result = exercises.check_average_gradients(stub)
     assert not result.passed
-    assert result.message == ("✋ average_gradients: not implemented yet; fill in the lines "
+    assert result.message == ("[to do] average_gradients: not implemented yet; fill in the lines "
                               "marked # FILL ME IN")
 
 
@@ -167,7 +167,7 @@ def test_unfilled_stub_says_fill_me_in():
 def test_deadlock_is_caught_by_the_timeout_naming_the_ranks():
     result = exercises.check_average_gradients(deadlocking_send_order, timeout=5)
     assert not result.passed
-    assert result.message.startswith("❌ average_gradients: case 1 of 3 (world_size=2, n=3, "
+    assert result.message.startswith("[wrong] average_gradients: case 1 of 3 (world_size=2, n=3, "
                                      "seed=4969): did not finish in 5 s (deadlock?): ")
     assert "rank 0 waiting in dist.recv" in result.message
     assert "rank 1 waiting in dist.recv" in result.message
@@ -186,4 +186,4 @@ def test_later_case_failure_is_reported_with_its_number():
 
     result = run_check("avg", exercises.average_gradients, harness, cases)
     assert not result.passed and result.case == cases[1]
-    assert result.message.startswith("❌ avg: case 2 of 2 (world_size=3, seed=2, n=4): rank 0, ")
+    assert result.message.startswith("[wrong] avg: case 2 of 2 (world_size=3, seed=2, n=4): rank 0, ")

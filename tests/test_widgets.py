@@ -104,6 +104,24 @@ def test_bad_controls_and_functions_are_refused_with_the_fix():
         widgets.panel(lambda world_size: 0, world_size=(1, 4), batch=[8])
 
 
+def test_controls_open_with_the_values_the_notebook_ran():
+    def run(world_size, n=64, schedule="1f1b", lr=0.05, overlap=False):
+        return world_size, n, schedule, lr, overlap
+    p = widgets.panel(run, world_size=[1, 2, 4], n=[8, 64, 512], schedule=["gpipe", "1f1b"],
+                      lr=(0.01, 0.5), overlap=True, values={"world_size": 4})
+    # the function's defaults and the values the notebook passed, not the first options
+    assert p.values == {"world_size": 4, "n": 64, "schedule": "1f1b", "lr": 0.05,
+                        "overlap": False}
+    assert p.initial == p.values
+    assert p.run() == (4, 64, "1f1b", 0.05, False)
+    with pytest.raises(ValueError, match=r"runs with n=64, which the control cannot show"):
+        widgets.panel(run, world_size=[1, 2], n=[8, 16])
+    with pytest.raises(ValueError, match=r"runs with lr=0.05"):
+        widgets.panel(run, world_size=[1, 2], lr=(0.1, 0.5))
+    with pytest.raises(TypeError, match=r"values: no control called 'batch'"):
+        widgets.panel(run, world_size=[1, 2], values={"batch": 3})
+
+
 def test_display_text_is_the_same_on_every_run():
     a = widgets.panel(lambda n: n, title="All-reduce", n=(1, 4))
     b = widgets.panel(lambda n: n, title="All-reduce", n=(1, 4))
@@ -182,7 +200,7 @@ def test_error_in_plot_shows_and_panel_stays_usable():
     p = widgets.panel(lambda n: n, plot, n=(1, 4))
     with pytest.raises(KeyError):
         p.run(n=3)
-    assert p.output.outputs[0]["text"] == "❌ KeyError: 'no such column'\n"
+    assert p.output.outputs[0]["text"] == "error: KeyError: 'no such column'\n"
     assert p.status.value == "error" and not p.run_button.disabled
     assert p.run(n=2) == 2 and "image/png" in p.output.outputs[0]["data"]
 
@@ -201,17 +219,58 @@ def test_rank_output_progress_and_plot_reach_the_panel():
 
 @pytest.mark.slow
 def test_error_shows_rank_and_message_and_the_panel_stays_usable():
-    p = widgets.panel(experiment, bars, world_size=(1, 3), n=(1, 3), fail_on=[1, None])
+    p = widgets.panel(experiment, bars, world_size=(1, 3), n=(1, 3), fail_on=[1, None],
+                      values={"fail_on": 1})
     p.run_button.click()
     assert p.wait(60)
     assert isinstance(p.error, lu.WorkerError)
     assert p.output.outputs == ({"output_type": "stream", "name": "stderr",
-                                 "text": "❌ rank 1: ValueError: boom on rank 1\n"},)
+                                 "text": "error: rank 1: ValueError: boom on rank 1\n"},)
     assert p.status.value == "error" and not p.run_button.disabled
     with pytest.raises(lu.WorkerError, match="rank 1: ValueError"):
         p.run()
     assert p.run(fail_on=None) == [3.0, 3.0] and p.error is None
     assert "image/png" in p.output.outputs[0]["data"]
+
+
+def test_a_new_run_clears_the_last_runs_error_and_status():
+    gate = threading.Event()
+
+    def run(fail):
+        gate.wait(30)
+        if fail:
+            raise ValueError("boom")
+        return 1
+    p = widgets.panel(run, fail=[True, False], values={"fail": True})
+    gate.set()
+    with pytest.raises(ValueError):
+        p.run()
+    assert p.status.value == "error" and "boom" in p.output.outputs[0]["text"]
+    gate.clear()
+    p.start(fail=False)
+    assert p.status.value == "running…" and p.output.outputs == () and p.error is None
+    gate.set()
+    assert p.wait(30) and p.result == 1 and p.status.value.startswith("done")
+
+
+@pytest.mark.slow
+def test_stop_before_the_ranks_start_cancels_the_launch(tmp_path):
+    started, go = threading.Event(), threading.Event()
+
+    def run(world_size):
+        started.set()
+        go.wait(30)            # the experiment's set-up, before it launches
+        return lu.launch(sleep_and_record_pid, str(tmp_path), world_size=world_size,
+                         timeout=120)
+    p = widgets.panel(run, world_size=[2])
+    p.start()
+    assert started.wait(30)
+    p.stop()                   # pressed while the panel prepares: no rank exists yet
+    go.set()
+    assert p.wait(30)
+    assert isinstance(p.error, lu.LaunchStopped) and p.status.value == "stopped"
+    assert p.output.outputs[0]["text"] == "stopped: every rank was ended\n"
+    assert list(tmp_path.glob("*.pid")) == []   # no rank was ever started
 
 
 @pytest.mark.slow
@@ -230,6 +289,73 @@ def test_stop_ends_a_long_runs_ranks(tmp_path):
     p.stop_button.click()
     assert p.wait(20), "Stop did not end the run"
     assert isinstance(p.error, lu.LaunchStopped)
-    assert p.output.outputs[0]["text"].startswith("⏹ stopped")
+    assert p.output.outputs[0]["text"] == "stopped: every rank was ended\n"
     wait_until(lambda: all(gone(pid) for pid in pids), 10, "the ranks to end")
     assert not p.run_button.disabled and p.stop_button.disabled
+
+
+# ---- every lab's long runs move the panel's progress bar ----------------------------------
+
+def _measure_in_caller():
+    return lu.timing.measure(lambda: None, repeats=5, warmup=0)
+
+
+def _train_steps():
+    return lu.launch(lu.train.train_worker, "digits", steps=5, world_size=2)[0].losses
+
+
+def _sync_sgd():
+    from labutils import async_sgd as A
+    X, y = torch.randn(64, 8), torch.randint(0, 3, (64,))
+    return A.run_sync(X, y, A.SGDConfig(steps=5, batch_size=8, hidden=8, eval_every=5), 2)
+
+
+def _checkpointed_training():
+    from labutils import checkpoint
+    return lu.launch(checkpoint.train_script, steps=4, batch_size=16, world_size=2)[0]
+
+
+def _ddp_versions():
+    from labutils import ddp
+    return lu.launch(ddp.time_versions, hidden=32, batch_size=8, repeats=2, world_size=2)[0]
+
+
+def _emulated_links():
+    from labutils import emulated_ddp
+    return emulated_ddp.run(["10GbE"], steps=2, width=32, depth=2, batch=16)
+
+
+def _pipeline():
+    from labutils import pipeline
+    return pipeline.timed_pipeline(2, 2, "1f1b", batch_size=4, n_layers=2, ms_per_sample=0.1)
+
+
+def _zero():
+    from labutils import sharding
+    return sharding.run_training("zero2", 2, steps=3)
+
+
+def _all_reduce_sweep():
+    return lu.collectives.measure_all_reduce([1024], world_size=2, impls=("gloo",), repeats=3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("experiment", [_measure_in_caller, _train_steps, _sync_sgd,
+                                        _checkpointed_training, _ddp_versions, _emulated_links,
+                                        _pipeline, _zero, _all_reduce_sweep],
+                         ids=lambda f: f.__name__.strip("_"))
+def test_long_runs_drive_the_progress_bar(experiment):
+    seen = []
+    p = widgets.panel(lambda: experiment())
+    original = p._on_progress
+
+    def record(n, total, desc):
+        seen.append((n, total, desc))
+        original(n, total, desc)
+    p._on_progress = record
+    p.run()
+    assert seen, "no progress reached the panel"
+    n, total, desc = seen[-1]
+    assert n == total and total >= 2 and desc in ("steps", "repeats")
+    assert (p.progress.value, p.progress.max) == (total, total)
+    assert p.progress_label.value == f"{desc} {total}/{total}"

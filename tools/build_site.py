@@ -1,20 +1,28 @@
-"""Build the static course site: every notebook with its stored outputs (no re-execution) as an
-HTML page, README.md as the index, links between pages rewritten to the HTML pages.
+"""Build the static course site: every lab of the course map (``labutils/course.py``'s
+``LABS``) with its stored outputs (no re-execution) as an HTML page, README.md as the index,
+links between pages rewritten to the HTML pages.
 
     python tools/build_site.py [--out _site]        # or: make site
 
 Layout mirrors the repository: ``notebooks/NN_name.ipynb`` becomes ``notebooks/NN_name.html``,
 ``README.md`` becomes ``index.html``, another linked ``.md`` becomes ``.html``, and any other
 local file a page links to (an image, a ``labutils`` source file) is copied. Each lab page gets
-a bar with links to the course map and to the previous and next lab. Knob panels cannot run
-in a static page: their output becomes a note saying to open the lab in JupyterLab.
-Tested by ``tests/test_site.py`` (every notebook has a page, every local link resolves).
+a bar with links to the course map and to the previous and next lab. Only the map's labs get a
+page, in the map's order: a stray ``Untitled.ipynb`` gets neither a page nor a place in a bar.
+Knob panels cannot run in a static page: their output becomes a note saying to open the lab in
+JupyterLab.
+
+The site works offline (a classroom without Wi-Fi): formulas are turned into MathML here, which
+the browser draws itself, so no page loads MathJax, require.js or anything else from the
+internet. Tested by ``tests/test_site.py`` (pages, links, offline) and
+``tests/test_site_browser.py`` (formulas and Chinese titles drawn in Chromium).
 """
 from __future__ import annotations
 
 import argparse
 import copy
 import html
+import importlib.util
 import os
 import re
 import shutil
@@ -24,7 +32,10 @@ from urllib.parse import unquote, urlsplit
 
 import mistune
 import nbformat
+from jinja2 import DictLoader, pass_context
+from latex2mathml.converter import convert as latex_to_mathml
 from nbconvert import HTMLExporter
+from nbconvert.filters.markdown_mistune import IPythonRenderer, MarkdownWithMath
 
 ROOT = Path(__file__).resolve().parent.parent
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
@@ -38,7 +49,83 @@ body.lu-page { max-width: 60rem; margin: 2rem auto; padding: 0 1rem;
 .lu-nav { display: flex; gap: 1.5rem; padding: 0.5rem 1rem; background: #f0f4f8;
   border-bottom: 1px solid #ccd; font-family: system-ui, sans-serif; }
 .lu-static-panel { border: 1px dashed #99a; padding: 0.4rem 0.8rem; color: #445; }
+math[display="block"] { margin: 0.6rem 0; }
 """
+# nbconvert's lab template, less what it would fetch from a CDN: require.js (nothing on a static
+# page uses it), MathJax (formulas are MathML already) and mermaid (no lab draws a diagram; one
+# would show as its source).
+_TEMPLATE = """{%- extends "index.html.j2" -%}
+{%- block html_head_js_requirejs -%}{%- endblock html_head_js_requirejs -%}
+{%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}
+{%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
+"""
+_UNKNOWN_TEX = re.compile(r">(\\[A-Za-z]+)<")  # latex2mathml passes unknown commands through
+
+
+def course_labs(root: Path):
+    """The notebook names of ``root``'s course map, in its order (loaded from the file, so
+    ``--root`` builds that repository's map, not the one this script was imported with)."""
+    spec = importlib.util.spec_from_file_location("_site_course", root / "labutils" / "course.py")
+    course = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = course  # dataclasses look their module up while it is executed
+    try:
+        spec.loader.exec_module(course)
+    finally:
+        del sys.modules[spec.name]
+    return [lab.notebook for lab in course.LABS]
+
+
+def tex_to_mathml(tex: str, display: str, where: str, problems: list) -> str:
+    """MathML for one formula; where latex2mathml cannot convert it, the TeX as code and a
+    problem (the build then fails, rather than a teacher finding raw TeX in front of a class)."""
+    try:
+        mathml = latex_to_mathml(tex.strip(), display=display)
+    except Exception as error:  # latex2mathml raises plain exceptions of several kinds
+        problems.append(f"{where}: formula ${tex}$ cannot be converted to MathML ({error})")
+        return f"<code>{html.escape(tex)}</code>"
+    unknown = _UNKNOWN_TEX.search(mathml)
+    if unknown:
+        problems.append(f"{where}: formula ${tex}$ uses {unknown.group(1)}, which latex2mathml "
+                        f"does not know")
+    return mathml
+
+
+class _MathMLRenderer(IPythonRenderer):
+    """nbconvert's Markdown renderer with formulas as MathML instead of TeX left for MathJax."""
+
+    def __init__(self, where, problems, **kwargs):
+        super().__init__(**kwargs)
+        self.where, self.problems = where, problems
+
+    def inline_math(self, body):
+        return tex_to_mathml(body, "inline", self.where, self.problems)
+
+    def block_math(self, body):
+        return tex_to_mathml(body, "block", self.where, self.problems)
+
+    def latex_environment(self, name, body):
+        return tex_to_mathml(f"\\begin{{{name}}}{body}\\end{{{name}}}", "block", self.where,
+                             self.problems)
+
+
+class _OfflineExporter(HTMLExporter):
+    """The lab template without CDN scripts, Markdown rendered by ``_MathMLRenderer``."""
+
+    def __init__(self, where, problems):
+        super().__init__(template_name="lab", embed_images=True, template_file="site.html.j2",
+                         extra_loaders=[DictLoader({"site.html.j2": _TEMPLATE})])
+        self.where, self.problems = where, problems
+
+    @pass_context  # a Jinja filter that reads the cell (attachments) from the template context
+    def markdown2html(self, context, source):
+        # As HTMLExporter.markdown2html (attachments, images, anchors), with the MathML renderer.
+        cell = context.get("cell", {})
+        path = context.get("resources", {}).get("metadata", {}).get("path", "")
+        renderer = _MathMLRenderer(
+            self.where, self.problems, escape=False, attachments=cell.get("attachments", {}),
+            embed_images=self.embed_images, path=path, anchor_link_text=self.anchor_link_text,
+            exclude_anchor_links=self.exclude_anchor_links, **self.lexer_options)
+        return MarkdownWithMath(renderer=renderer).render(source)
 
 
 def _is_local(url):
@@ -51,7 +138,10 @@ class SiteBuilder:
 
     def __init__(self, root: Path, out: Path):
         self.root, self.out = root.resolve(), out.resolve()
-        self.notebooks = sorted((self.root / "notebooks").glob("*.ipynb"))
+        # The map's labs that are written, in its order; anything else in notebooks/ (an
+        # Untitled.ipynb, a scratch copy) is no lab: no page, no place in the previous/next bar.
+        self.notebooks = [path for path in (self.root / "notebooks" / f"{name}.ipynb"
+                                            for name in course_labs(self.root)) if path.exists()]
         self.pending_md: list[Path] = []
         self.done_md: set[Path] = set()
         self.problems: list[str] = []
@@ -84,7 +174,7 @@ class SiteBuilder:
             target = readme
         if target.suffix == ".ipynb" and target not in self.notebooks:
             self.problems.append(f"{source.relative_to(self.root)}: link to {url} "
-                                 f"(only notebooks/*.ipynb become pages)")
+                                 f"(only the course map's labs become pages)")
             return url
         if target.suffix == ".md" and target not in self.done_md:
             self.done_md.add(target)
@@ -113,14 +203,20 @@ class SiteBuilder:
                               self.notebooks[index + 1].stem + " →"))
         return f'<nav class="lu-nav">{" ".join(items)}</nav>'
 
-    @staticmethod
-    def _static_panels(nb):
-        """Widget outputs (knob panels) need a kernel: show a note instead."""
+    def _static_panels(self, nb, where):
+        """Widget outputs (knob panels) need a kernel: show a note instead. A LaTeX output
+        (``display(Math(...))``) gets its MathML as HTML, which the template prefers."""
         nb = copy.deepcopy(nb)
         nb.metadata.pop("widgets", None)  # no widget-manager script fetched from a CDN
         for cell in nb.cells:
             for output in cell.get("outputs", []):
                 data = output.get("data", {})
+                if "text/latex" in data and "text/html" not in data:
+                    tex = data["text/latex"].strip()
+                    inline = tex.startswith(("$", "\\(")) and not tex.startswith("$$")
+                    tex = re.sub(r"^(\$\$|\$|\\\[|\\\()|(\$\$|\$|\\\]|\\\))$", "", tex)
+                    data["text/html"] = tex_to_mathml(tex, "inline" if inline else "block",
+                                                      where, self.problems)
                 if WIDGET_VIEW in data:
                     name = html.escape(data.get("text/plain", "widget"))
                     output["data"] = {"text/html": (
@@ -132,8 +228,9 @@ class SiteBuilder:
     def build_notebook(self, index: int):
         source = self.notebooks[index]
         page = self.page_of(source)
-        nb = self._static_panels(nbformat.read(source, as_version=4))
-        exporter = HTMLExporter(template_name="lab", embed_images=True)
+        where = str(source.relative_to(self.root))
+        nb = self._static_panels(nbformat.read(source, as_version=4), where)
+        exporter = _OfflineExporter(where, self.problems)
         body, _ = exporter.from_notebook_node(
             nb, resources={"metadata": {"name": source.stem, "path": str(source.parent)}})
         body = self._rewrite_links(source, page, body)
@@ -173,7 +270,8 @@ class SiteBuilder:
 
 
 def build_site(root=ROOT, out=None):
-    """Build the site of ``root`` into ``out`` (default ``root/_site``); the unresolved links."""
+    """Build the site of ``root`` into ``out`` (default ``root/_site``); what went wrong (links
+    that do not resolve, formulas that cannot be converted)."""
     root = Path(root)
     return SiteBuilder(root, Path(out) if out else root / "_site").build()
 
@@ -187,7 +285,7 @@ def main(argv=None):
     pages = sorted(Path(args.out).rglob("*.html"))
     print(f"built {len(pages)} pages into {args.out}")
     for problem in problems:
-        print(f"broken link: {problem}", file=sys.stderr)
+        print(f"error: {problem}", file=sys.stderr)
     return 1 if problems else 0
 
 
