@@ -110,6 +110,15 @@ def jupyter_lab(tmp_path):
     root, home = tmp_path / "root", tmp_path / "home"
     root.mkdir(), home.mkdir()
     shutil.copy(NOTEBOOK, root / "panel_demo.ipynb")
+    # as the labs store it: the language_info that this kernel reports (nbconvert wrote it into
+    # the executed labs), so that opening the notebook changes nothing in it
+    with open(os.path.join(ROOT, "notebooks", "01_introduction.ipynb")) as f:
+        language_info = json.load(f)["metadata"]["language_info"]
+    with open(root / "panel_demo.ipynb") as f:
+        demo = json.load(f)
+    demo["metadata"]["language_info"] = language_info
+    with open(root / "panel_demo.ipynb", "w") as f:
+        json.dump(demo, f, indent=1)
     settings = tmp_path / "lab-settings"
     for rel, value in LAB_SETTINGS.items():
         (settings / rel).parent.mkdir(parents=True, exist_ok=True)
