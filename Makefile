@@ -21,16 +21,18 @@ venv: $(STAMP)
 # Reinstall only when requirements.txt changed (the stamp is its copy).
 $(STAMP): requirements.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@# torch alone first (no dependencies, so only torch is looked up on PyTorch's index; where
-	@# that index cannot be reached pip warns and takes a local wheel that satisfies the pin)
+	@# torch alone first, without its dependencies, so that only torch is looked up on
+	@# PyTorch's index (where it cannot be reached, pip warns and takes a local wheel that
+	@# satisfies the pin); then everything, torch's dependencies included, from the default index.
 ifeq ($(TORCH),cuda)
 	$(PIP) torch==2.13.0
+	$(PIP) -r <(grep -vE '^torch==' requirements.txt)
 else ifeq ($(TORCH),cpu)
 	$(PIP) --no-deps --extra-index-url $(TORCH_CPU_INDEX) -r <(grep -E '^torch==' requirements.txt)
+	$(PIP) -r requirements.txt
 else
 	$(error TORCH must be cpu or cuda; got '$(TORCH)')
 endif
-	$(PIP) -r <(grep -vE '^torch==' requirements.txt)
 	$(PY) -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') else \
 		'torch ' + torch.__version__ + ' installed, 2.13.0 pinned: make clean, then make again')"
 	@# Make `import labutils` work from notebooks/ and from the ranks, without a build step.

@@ -21,9 +21,10 @@ import urllib.request
 import psutil
 import pytest
 
+from .browser import CHROMIUM, require_chromium
+
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.lab01]
 
-CHROMIUM = "/usr/bin/chromium"
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 NOTEBOOK = os.path.join(HERE, "fixtures", "panel_demo.ipynb")
@@ -99,14 +100,7 @@ def wait_for_server(url, proc, timeout):
 def jupyter_lab(tmp_path):
     """(base URL, token) of a JupyterLab serving a copy of the fixture notebook; every
     process it started (kernel, forkserver, ranks) is ended afterwards."""
-    if not os.access(CHROMIUM, os.X_OK):
-        # never a silent skip: a missing browser fails, unless skipping was asked for
-        message = (f"Chromium is not installed at {CHROMIUM}: `make test` installs Debian's "
-                   f"chromium with apt-get (or: sudo apt-get install chromium); set "
-                   f"SKIP_BROWSER=1 to skip this test explicitly")
-        if os.environ.get("SKIP_BROWSER") == "1":
-            pytest.skip(message)
-        pytest.fail(message)
+    require_chromium()
     root, home = tmp_path / "root", tmp_path / "home"
     root.mkdir(), home.mkdir()
     shutil.copy(NOTEBOOK, root / "panel_demo.ipynb")

@@ -21,9 +21,10 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from .browser import CHROMIUM, require_chromium
+
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.lab01]
 
-CHROMIUM = "/usr/bin/chromium"
 ROOT = Path(__file__).resolve().parent.parent
 ARGS = ["--no-sandbox", "--disable-background-networking", "--disable-gpu",
         "--disable-component-update", "--disable-sync", "--no-first-run"]
@@ -46,17 +47,6 @@ DRAWN_AS_BOX = """([element, chars]) => {
   const box = draw("\\u0378");
   return chars.filter((ch) => draw(ch) === box);
 }"""
-
-
-def require_chromium():
-    if not os.path.exists(CHROMIUM):
-        # never a silent skip: a missing browser fails, unless skipping was asked for
-        message = (f"Chromium is not installed at {CHROMIUM}: `make test` installs Debian's "
-                   f"chromium with apt-get (or: sudo apt-get install chromium); set "
-                   f"SKIP_BROWSER=1 to skip this test explicitly")
-        if os.environ.get("SKIP_BROWSER") == "1":
-            pytest.skip(message)
-        pytest.fail(message)
 
 
 @pytest.fixture(scope="module")
