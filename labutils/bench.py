@@ -78,6 +78,7 @@ def _spawn_worker(rank, world_size, init_file):
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                             world_size=world_size)
     _one_allreduce(rank, world_size)
+    dist.barrier()   # leave together (see labutils.run): no rank closes gloo under a peer
     dist.destroy_process_group()
 
 

@@ -315,6 +315,7 @@ def _torchrun_main(argv=None):
                             rank=rank, world_size=world_size)
     try:
         train_script(rank, world_size, **kwargs)
+        dist.barrier()   # leave together (see labutils.run): no rank closes gloo under a peer
     finally:
         dist.destroy_process_group()
 

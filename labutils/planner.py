@@ -103,7 +103,11 @@ def _memory_per_stage(model, layout, mode, stages, m, bytes_per_value=2):
     sp = L.sequence_parallel and L.tp > 1
     s_local, b, h = model.seq_len // L.context_parallel, L.micro_batch, model.hidden
     per_layer = _layer_activation_bytes(model, layout, mode, bytes_per_value)
-    working = _layer_activation_bytes(model, layout, "none") if mode != "none" else 0.0
+    # what recomputation re-materialises for the layer in backward: all of it ("full"), or
+    # only its attention scores ("selective")
+    full_layer = _layer_activation_bytes(model, layout, "none")
+    working = {"none": 0.0, "full": full_layer,
+               "selective": full_layer - _layer_activation_bytes(model, layout, "selective")}[mode]
     interleave = 1 + (L.pp - 1) / (L.pp * L.virtual_stages) if L.virtual_stages > 1 else 1.0
     out = []
     for i, (n, params) in enumerate(zip(stages, _stage_params(model, layout, stages))):

@@ -172,18 +172,20 @@ def _gpu(name):
 
 def validate():
     """Every held-out 2022-2024 row predicted with the hardware's default efficiency, beside a
-    constant baseline: the fitted A100 row's fraction of peak (HFU, or its MFU equivalent) for
-    every row. Fractions of peak in the row's own convention; error = predicted/published - 1."""
+    constant baseline: every run at the fitted A100 row's hardware FLOP rate (47% of peak),
+    expressed in the row's own convention (MFU = that rate x the row's model / hardware FLOPs,
+    which depends on its recomputation). Fractions of peak; error = predicted/published - 1."""
     ref = narayanan2021()[6]
     hfu = ref["tflops_per_gpu"] * 1e12 / pl.HARDWARE["A100-80GB"].peak_flops
-    mfu = hfu * ref["model"].iteration_flops(1, "none") / ref["model"].iteration_flops(1, "full")
     out = []
     for r in runs_2022_2024():
         pred = pl.predict(r["model"], r["layout"], r["batch_size"], r["hardware"],
                           recompute=r["recompute"])
         peak = pl.get_hardware(r["hardware"]).peak_flops
         got = (pred.flops_per_gpu if r["metric"] == "model" else pred.hardware_flops_per_gpu)
-        constant = mfu if r["metric"] == "model" else hfu
+        m = r["model"]
+        constant = (hfu * m.iteration_flops(1, "none") / m.iteration_flops(1, r["recompute"])
+                    if r["metric"] == "model" else hfu)
         out.append(dict(r, predicted=got / peak, error=got / peak / r["published"] - 1,
                         constant=constant, constant_error=constant / r["published"] - 1,
                         prediction=pred))

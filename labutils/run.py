@@ -105,6 +105,9 @@ def main(argv=None):
             torch.save(result, save_to)
         if rank == 0 and result is not None:
             print(f"[rank 0] result: {result!r}", flush=True)
+        # leave together: a rank that tears gloo down while a peer still works (rank 0 saving
+        # the result) closes connections under it, and gloo's threads abort that process
+        dist.barrier()
     finally:
         dist.destroy_process_group()
     return 0

@@ -153,6 +153,9 @@ def spawn_entry(index, world_size, init_file, out, workload="digits", steps=20):
                             world_size=world_size)
     try:
         train_to_file(index, world_size, out, workload, steps)
+        # wait for every rank before tearing gloo down: a rank that leaves while a peer still
+        # writes its file closes connections under it, and gloo's threads then abort the process
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

@@ -323,3 +323,18 @@ def test_zero_memory_checker_accepts_reference_and_rejects_typical_mistakes():
         result = lu.check_zero_memory_per_gpu(wrong)
         assert not result.passed and "expected" in result.message
         assert stage in result.message, result.message
+
+
+def test_held_out_baseline_is_one_hardware_flop_rate_in_each_rows_convention():
+    """The 2022-2024 baseline runs every job at the fitted row's hardware FLOP rate; an MFU row
+    sees it through its own recomputation (model / hardware FLOPs)."""
+    hfu = 148e12 / 312e12
+    rows = pub.validate()
+    assert len(rows) == 27 and all(r["source"] for r in rows)
+    for r in rows:
+        ratio = r["model"].iteration_flops(1, "none") / r["model"].iteration_flops(1, r["recompute"])
+        expected = hfu * ratio if r["metric"] == "model" else hfu
+        assert r["constant"] == pytest.approx(expected, rel=1e-12)
+        assert r["error"] == pytest.approx(r["predicted"] / r["published"] - 1, rel=1e-12)
+    llama = [r for r in rows if "Llama" in r["name"]]
+    assert llama and all(not r["model"].tied_embeddings and r["model"].gated_mlp for r in llama)
