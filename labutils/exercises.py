@@ -37,8 +37,9 @@ _RESERVED = {"world_size", "backend", "timeout", "threads_per_rank"}
 # ----------------------------------------------------------------------------------------
 # First difference, in words.
 
-def _num(x):
-    """A number as the learner would write it: 6.0, 0.1, 3 (6 significant digits)."""
+def _num(x, digits=3):
+    """A number as the learner would write it: 6.0, 0.1, 3. Three significant digits: enough to
+    see a wrong answer, and the same on every CPU (the last digits of computed floats are not)."""
     if isinstance(x, bool):
         return str(x)
     if isinstance(x, int):
@@ -46,7 +47,17 @@ def _num(x):
     x = float(x)
     if math.isnan(x) or math.isinf(x):
         return str(x)
-    return repr(float(f"{x:.6g}"))
+    return repr(float(f"{x:.{digits}g}"))
+
+
+def _expected_got(expected, got):
+    """'expected E, got G' with three significant digits, more only where three would print
+    two equal numbers for a difference the check still rejects."""
+    for digits in range(3, 10):
+        e, g = _num(expected, digits), _num(got, digits)
+        if e != g:
+            break
+    return f"expected {e}, got {g}"
 
 
 def _short(x, limit=60):
@@ -82,10 +93,10 @@ def _tensor_difference(expected, got, atol, rtol):
     if bool(same.all()):
         return None
     if e.dim() == 0:
-        return f"value: expected {_num(e.item())}, got {_num(g.item())}"
+        return f"value: {_expected_got(e.item(), g.item())}"
     index = [int(i) for i in (~same).nonzero()[0]]
     where = tuple(index)
-    return f"element {index}: expected {_num(e[where].item())}, got {_num(g[where].item())}"
+    return f"element {index}: {_expected_got(e[where].item(), g[where].item())}"
 
 
 def first_difference(expected, got, *, atol=1e-5, rtol=1e-4):
@@ -131,7 +142,7 @@ def first_difference(expected, got, *, atol=1e-5, rtol=1e-4):
         e, g = float(expected), float(got)
         if (math.isnan(e) and math.isnan(g)) or abs(g - e) <= atol + rtol * abs(e):
             return None
-        return f"expected {_num(expected)}, got {_num(got)}"
+        return _expected_got(expected, got)
     if expected != got:
         return f"expected {_short(expected)}, got {_short(got)}"
     return None

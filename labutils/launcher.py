@@ -147,8 +147,8 @@ def _send(conn, message):
 
 
 def progress(n, total, desc=""):
-    """Report progress: from rank 0 of a launch it drives the caller's progress bar (a panel's,
-    or tqdm's); called in the caller itself (an experiment made of several launches, or none)
+    """Report progress: from rank 0 of a launch it drives the progress bar of the panel that
+    started the launch (plain cells show none); called in the caller itself (an experiment made of several launches, or none)
     it drives the bar of the panel running in this thread. Elsewhere it does nothing."""
     if _PROGRESS_CONN is not None:
         _send(_PROGRESS_CONN, ("progress", int(n), int(total), str(desc)))
@@ -295,7 +295,7 @@ def stop_all():
 
 class output_to:
     """Context manager: send rank output lines and progress of launches in this thread to
-    ``write(line)`` and ``on_progress(n, total, desc)`` instead of stdout and a tqdm bar.
+    ``write(line)`` and ``on_progress(n, total, desc)`` instead of stdout (and no progress).
     Setting ``.stopped`` (a panel's Stop) ends the launch now running in that thread and
     refuses any later one in it, even one that has not started its ranks yet."""
 
@@ -414,7 +414,6 @@ class _Job:
         self.sink = getattr(_local, "sink", None)
         self.partial = [b""] * world_size
         self.held = [[] for _ in range(world_size)]  # ranks > 0: shown after rank 0
-        self.bar = None
         self.interrupted = False  # a rank saw the kernel's interrupt
 
     # -- output --------------------------------------------------------------------------
@@ -448,14 +447,10 @@ class _Job:
             self.held[rank] = []
 
     def _progress(self, n, total, desc):
+        # Only a panel (an output_to sink) shows progress. A bar in a plain cell would be stored
+        # in the notebook with its rate and time, different on every run.
         if self.sink is not None and self.sink.on_progress is not None:
             self.sink.on_progress(n, total, desc)
-            return
-        if self.bar is None:
-            from tqdm.auto import tqdm
-            self.bar = tqdm(total=total, desc=desc or "rank 0", leave=False)
-        self.bar.total = total
-        self.bar.update(n - self.bar.n)
 
     # -- lifecycle -----------------------------------------------------------------------
     def _stopping(self):
@@ -490,8 +485,6 @@ class _Job:
             return self._wait()
         finally:
             self._end_all()
-            if self.bar is not None:
-                self.bar.close()
             self._flush_output()
             for conn in conns:
                 conn.close()

@@ -135,7 +135,7 @@ def train_to_file(rank, world_size, out, workload="digits", steps=20, seed=0):
     result = train_worker(rank, world_size, workload, steps, seed=seed)
     if rank == 0:
         torch.save(result.losses, out)
-    return round(result.losses[-1], 4)
+    return round(result.losses[-1], 3)
 
 
 def spawn_entry(index, world_size, init_file, out, workload="digits", steps=20):

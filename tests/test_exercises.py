@@ -142,9 +142,9 @@ def test_rejects_wrong_averages_naming_case_rank_and_element(wrong):
     assert result.case == {"world_size": 2, "n": 3, "seed": 4969}
     assert result.message.startswith(
         "[wrong] average_gradients: case 1 of 3 (world_size=2, n=3, seed=4969): rank 0, "
-        "key '0.weight': element [0, 0]: expected -0.035177, got ")
+        "key '0.weight': element [0, 0]: expected -0.0352, got ")
     got = float(result.message.rsplit("got ", 1)[1])
-    assert got != pytest.approx(-0.035177, abs=1e-4)
+    assert got != pytest.approx(-0.0352, abs=1e-4)
 
 
 @pytest.mark.slow
@@ -187,3 +187,9 @@ def test_later_case_failure_is_reported_with_its_number():
     result = run_check("avg", exercises.average_gradients, harness, cases)
     assert not result.passed and result.case == cases[1]
     assert result.message.startswith("[wrong] avg: case 2 of 2 (world_size=3, seed=2, n=4): rank 0, ")
+
+
+def test_differences_show_three_digits_and_more_only_when_needed():
+    assert first_difference(0.2671453, 0.2352561) == "expected 0.267, got 0.235"
+    # a difference the tolerance rejects, invisible at three digits, gets the digits it needs
+    assert first_difference(1.0, 1.0013) == "expected 1.0, got 1.001"
