@@ -70,7 +70,7 @@ bench: $(STAMP)
 
 # A short prepared check for a machine with a GPU (nccl launch, bf16 MFU); exits cleanly without.
 gpu-check: $(STAMP)
-	$(PY) -m labutils.gpucheck
+	$(PY) -m labutils.bench.gpucheck
 
 clean:
 	rm -rf $(VENV) .pytest_cache

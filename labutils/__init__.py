@@ -1,22 +1,33 @@
 """labutils: the tested library behind the labs. ``import labutils as lu``.
 
-Lesson code stays in the notebooks; processes, timing, data and plots come from here.
-Submodules load on first use (``lu.ddp``, ``lu.pipeline``, ...), so ``import labutils`` is
-quick and one lab's module never slows another lab down.
+This file is the face: it maps the short names notebooks write to the layer modules behind
+them, and nothing else. ``lu.ddp`` is ``labutils.parallel.ddp``, ``lu.planner`` is
+``labutils.cost.planner``; ``lu.check_<name>`` is the exercise checker the course map
+(``labutils.course``) registers under that name. Modules load on first use, so
+``import labutils`` is quick and one lab's module never slows another lab down. The layers are
+described in ARCHITECTURE.md.
 """
 import importlib
 import inspect
 
-from .launcher import (LaunchInterrupted, LaunchStopped, LaunchTimeout, WorkerError, launch,
-                       progress, stop_all)
+from labutils import course
+from labutils.core import launcher as _launcher
+from labutils.core.launcher import (
+    LaunchInterrupted,
+    LaunchStopped,
+    LaunchTimeout,
+    WorkerError,
+    launch,
+    stop_all,
+)
+from labutils.core.rank import progress
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
+__all__ = ["LaunchInterrupted", "LaunchStopped", "LaunchTimeout", "WorkerError", "launch",
+           "stop_all", "progress", "show_source", "show_solution", "course"]
 
-# Modules searched for ``lu.check_<name>`` exercise checkers and ``lu.show_solution(name)``.
-_LAB_MODULES = ("launcher", "collectives", "async_sgd", "costmodel", "data", "models", "train",
-                "workloads", "memory", "ddp", "checkpoint", "shm_allreduce", "bench",
-                "model_parallel", "pipeline", "tensor_parallel", "sharding", "planner",
-                "sync_batchnorm", "exercises")
+# Ranks fork from a server that has imported the modules of the lower layers once.
+_launcher.set_preload(course.rank_modules())
 
 
 def _show_interrupted(shell, etype, value, tb, tb_offset=None):
@@ -46,36 +57,32 @@ def show_source(obj):
     print(inspect.getsource(obj))
 
 
-def _find(name):
-    for mod in _LAB_MODULES:
-        try:
-            module = importlib.import_module(f"{__name__}.{mod}")
-        except ModuleNotFoundError as e:
-            if e.name != f"{__name__}.{mod}":
-                raise
-            continue
-        if hasattr(module, name):
-            return getattr(module, name)
-    return None
+def _exercise_module(name):
+    path = course.checker_module(name)
+    if path is None:
+        raise AttributeError(f"labutils has no exercise checker 'check_{name}'; the exercises "
+                             f"are: {', '.join('check_' + n for n in course.checkers())}")
+    return importlib.import_module(path)
 
 
 def show_solution(name):
     """Print the tested reference solution of exercise ``name`` (for teachers)."""
-    obj = _find(name)
-    if obj is None:
-        raise KeyError(f"no reference solution called {name!r}")
-    show_source(obj)
+    module = _exercise_module(name)
+    if not hasattr(module, name):
+        raise KeyError(f"no reference solution called {name!r} in {module.__name__}")
+    show_source(getattr(module, name))
 
 
 def __getattr__(name):
     if name.startswith("check_"):
-        checker = _find(name)
-        if checker is not None:
-            return checker
-        raise AttributeError(f"labutils has no exercise checker {name!r}")
-    try:
+        return getattr(_exercise_module(name[len("check_"):]), name)
+    if name in course.MODULES:
+        return importlib.import_module(course.MODULES[name])
+    if name in course.LAYERS:
         return importlib.import_module(f"{__name__}.{name}")
-    except ModuleNotFoundError as e:
-        if e.name == f"{__name__}.{name}":
-            raise AttributeError(f"module 'labutils' has no attribute {name!r}") from None
-        raise
+    raise AttributeError(f"module 'labutils' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(course.MODULES) | set(course.LAYERS)
+                  | {"check_" + n for n in course.checkers()})

@@ -1,22 +1,64 @@
-"""The course map: one row per lab, the single source for the README's table and the map
-shown in ``01_introduction``. A test keeps the README's table equal to ``markdown_table()``.
+"""The course map: the one registry of the labs.
+
+Each row says which notebook a chapter of the article becomes, which labutils modules it uses,
+which exercise checkers it has and which benchmarks measure it. It drives:
+
+* the face: ``lu.<module>`` and ``lu.check_<name>`` (``labutils/__init__.py``);
+* the forkserver's preload (modules of the lower layers that ranks import);
+* the benchmark list (``python -m labutils.bench``);
+* the README's table of labs and the map in ``01_introduction`` (``python -m labutils.course``).
+
+Module short names are file names; ``MODULES`` finds them in the layer folders (bench aside)
+without importing anything, and a test keeps every name unique.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from labutils.core.env import ROOT
+
+PACKAGE = os.path.dirname(os.path.abspath(__file__))
+
+# bottom to top; each layer imports only from the layers before it (import-linter checks this)
+LAYERS = ("core", "cost", "data", "parallel", "experiments", "exercises", "viz", "bench")
+# the layers whose modules run inside ranks, imported once by the forkserver
+RANK_LAYERS = ("core", "data", "parallel", "experiments")
+
+
+def _layer_modules():
+    found = {}
+    for layer in LAYERS[:-1]:   # not bench: its modules are benchmarks, named after what they measure
+        for name in sorted(os.listdir(os.path.join(PACKAGE, layer))):
+            if name.endswith(".py") and not name.startswith("_"):
+                found.setdefault(name[:-3], []).append(f"labutils.{layer}.{name[:-3]}")
+    return found
+
+
+_FOUND = _layer_modules()
+# short name -> module; names used in more than one layer (a test fails on them) are left out
+MODULES = {name: paths[0] for name, paths in _FOUND.items()
+           if len(paths) == 1 and not name.startswith("lab") and name not in ("base", "suite")}
 
 
 @dataclass(frozen=True)
 class Lab:
-    chapter: str      # the article's chapter, English and Chinese
-    notebook: str     # file name without .ipynb
-    modules: str      # labutils modules behind it
-    shows: str        # what the learner does and sees
-    minutes: str      # top to bottom on a 2-core laptop
+    chapter: str                 # the article's chapter, English and Chinese
+    notebook: str                # file name without .ipynb
+    modules: tuple               # labutils modules behind it (short names)
+    shows: str                   # what the learner does and sees
+    minutes: str                 # top to bottom on a 2-core laptop
+    checkers: tuple = ()         # exercise names: lu.check_<name>, in exercises/lab<code>.py
+    benchmarks: tuple = ()       # modules of labutils/bench/
     device: str = "CPU (GPU optional)"
+
+    @property
+    def code(self):              # "04a" for 04a_ddp_from_scratch
+        return self.notebook.split("_", 1)[0]
+
+    @property
+    def exercises(self):
+        return f"labutils.exercises.lab{self.code}"
 
     @property
     def path(self):
@@ -28,59 +70,96 @@ class Lab:
 
 
 LABS = (
-    Lab("1 Introduction 引言", "01_introduction", "`launcher`, `env`, `timing`",
+    Lab("1 Introduction 引言", "01_introduction", ("launcher", "env", "timing"),
         "this machine; a first 2-rank all-reduce from a notebook cell; what a failing or "
         "deadlocked rank looks like; single-process training time vs data and model size",
-        "1"),
+        "1", benchmarks=("launch",)),
     Lab("2 PyTorch essentials PyTorch简介", "02_pytorch_essentials",
-        "`data`, `models`, `train`, `run`",
+        ("datasets", "models", "train", "run"),
         "dynamic graphs, autograd vs finite differences, a training loop on real digits, "
         "saving weights; the torch.distributed map with each launcher run once", "1.5"),
     Lab("3.1 Concepts 基本概念", "03a_parallelism_concepts",
-        "`collectives`, `costmodel`, `async_sgd`",
+        ("collectives", "costmodel", "async_sgd", "figures"),
         "every collective on 4 ranks, drawn; ring all-reduce from send/recv vs dist.all_reduce; "
-        "latency and bandwidth fitted (alpha-beta); sync vs async SGD and staleness", "1.5"),
-    Lab("3.2 Scenarios 应用场景", "03b_scenarios", "`workloads`, `data`",
+        "latency and bandwidth fitted (alpha-beta); sync vs async SGD and staleness", "1.5",
+        checkers=("ring_all_reduce",), benchmarks=("collectives", "costmodel")),
+    Lab("3.2 Scenarios 应用场景", "03b_scenarios", ("workloads", "datasets", "train"),
         "image, language and video workloads on 1 and 2 ranks; compute-to-communication "
-        "ratio explains which scales", "1.5"),
-    Lab("3.3 Challenges 挑战", "03c_challenges", "`collectives`, `memory`",
+        "ratio explains which scales", "1.5", checkers=("shard_batch",)),
+    Lab("3.3 Challenges 挑战", "03c_challenges",
+        ("comm_overhead", "collectives", "sync_batchnorm", "memory"),
         "small messages vs buckets, compression; set_epoch, BatchNorm per rank vs synchronised; "
-        "memory of weights, gradients, optimiser state, activations; oversubscription", "1.5"),
-    Lab("4 DDP from scratch 分布式训练实现", "04a_ddp_from_scratch", "`ddp`",
+        "memory of weights, gradients, optimiser state, activations; oversubscription", "1.5",
+        checkers=("sync_batch_stats",)),
+    Lab("4 DDP from scratch 分布式训练实现", "04a_ddp_from_scratch",
+        ("ddp", "ddp_equivalence", "ddp_performance"),
         "naive gradient all-reduce, hooks, buckets with overlap; each checked equal to one "
-        "process and to PyTorch's DDP", "1.5"),
-    Lab("4 DDP in practice", "04b_ddp_in_practice",
-        "`ddp`, `ddp_practice`, `checkpoint`, `run`",
+        "process and to PyTorch's DDP", "1.5",
+        checkers=("average_gradients", "sync_gradients", "assign_buckets")),
+    Lab("4 DDP in practice", "04b_ddp_in_practice", ("ddp", "ddp_hooks", "checkpoint", "run"),
         "DistributedSampler, no_sync accumulation, compression hooks, exact resume from a "
-        "checkpoint, torchrun with a killed worker", "1.5"),
+        "checkpoint, torchrun with a killed worker", "1.5",
+        checkers=("no_sync_accumulation",)),
     Lab("4 Performance analysis 性能分析", "04c_ddp_performance",
-        "`bench`, `plots`, `profile`, `costmodel`, `emulation`, `shm_allreduce`, `emulated_ddp`",
+        ("ddp_performance", "costmodel", "emulation", "shm_allreduce", "emulated_ddp", "plots",
+         "timeline_plot"),
         "strong and weak scaling with error bars, per-rank timelines, bucket sweep vs cost "
         "model, a shared-memory all-reduce, speedup on emulated 100 Mb-10 Gb links with "
-        "buckets, overlap and bf16", "1.5"),
+        "buckets, overlap and bf16", "1.5",
+        checkers=("bus_bandwidth",), benchmarks=("ddp", "emulated_ddp")),
     Lab("5 Model parallelism principles 模型并行化原理", "05_model_parallel_principles",
-        "`model_parallel`, `memory`, `timeline`",
+        ("model_parallel", "memory", "timeline", "timeline_plot"),
         "the memory wall; a naive layer split with send/recv checked equal to one process; "
-        "its idle timeline; the ideas of pipelining and of splitting a matmul", "1.5"),
-    Lab("6 Pipeline parallelism 实践", "06a_pipeline_parallel", "`pipeline`, `timeline`",
+        "its idle timeline; the ideas of pipelining and of splitting a matmul", "1.5",
+        checkers=("naive_backward",)),
+    Lab("6 Pipeline parallelism 实践", "06a_pipeline_parallel",
+        ("pipeline", "timeline", "timeline_plot"),
         "GPipe and 1F1B from send/recv, checked equal; measured bubbles vs (p-1)/(m+p-1); "
-        "torch.distributed.pipelining; stage balance", "1.5"),
-    Lab("6 Tensor parallelism 实践", "06b_tensor_parallel", "`tensor_parallel`",
+        "torch.distributed.pipelining; stage balance", "1.5",
+        checkers=("one_f_one_b_schedule",), benchmarks=("pipeline",)),
+    Lab("6 Tensor parallelism 实践", "06b_tensor_parallel", ("tensor_parallel",),
         "Megatron column/row-parallel layers, parallel MLP and attention, checked equal; bytes "
-        "per layer; torch.distributed.tensor.parallel", "1.5"),
-    Lab("6 Sharding and memory 性能优化", "06c_sharding_and_memory", "`sharding`, `memory`",
+        "per layer; torch.distributed.tensor.parallel", "1.5",
+        checkers=("column_parallel_linear",)),
+    Lab("6 Sharding and memory 性能优化", "06c_sharding_and_memory",
+        ("sharding", "zero_training", "mesh_2d", "memory"),
         "ZeRO 1/2/3 from scratch and FSDP2, memory vs formulas; activation checkpointing, "
-        "mixed precision, a 2-D mesh; an optimisation checklist", "1.5"),
+        "mixed precision, a 2-D mesh; an optimisation checklist", "1.5",
+        checkers=("zero1_step",), benchmarks=("zero",)),
     Lab("Conclusion and outlook 结论与展望", "07_conclusion_outlook",
-        "`costmodel`, `emulated_ddp`, `planspec`, `planner`, `published`, `bench`",
+        ("costmodel", "allreduce_fit", "emulated_ddp", "planspec", "planner", "published"),
         "the cost model fitted here, tested on held-out all-reduces and real DDP steps (an "
         "emulated link only checks the emulator); a planner (GQA, SwiGLU, interleaving, sequence "
         "and context parallelism, selective recomputation) tested on published runs it was not "
-        "fitted to, against a baseline, and extrapolated term by term to 4,096 GPUs", "1.5"),
+        "fitted to, against a baseline, and extrapolated term by term to 4,096 GPUs", "1.5",
+        checkers=("ring_allreduce_time", "zero_memory_per_gpu")),
 )
 
 
-def markdown_table(link_prefix="notebooks/", mark_missing=True):
+def checker_module(name):
+    """The exercises module that defines ``check_<name>`` (``name`` without ``check_``)."""
+    for lab in LABS:
+        if name in lab.checkers:
+            return lab.exercises
+    return None
+
+
+def checkers():
+    """Every exercise name, in course order."""
+    return tuple(name for lab in LABS for name in lab.checkers)
+
+
+def benchmarks():
+    """Every benchmark (a module of labutils/bench/), in course order."""
+    return tuple(name for lab in LABS for name in lab.benchmarks)
+
+
+def rank_modules():
+    """Modules the forkserver imports once, so that each rank's fork starts warm."""
+    return tuple(path for path in MODULES.values() if path.split(".")[1] in RANK_LAYERS)
+
+
+def markdown_table(link_prefix="notebooks/"):
     """The labs as a Markdown table; labs not written yet are marked as coming."""
     head = ("| article chapter | notebook | labutils | what it shows | minutes on a laptop "
             "| CPU/GPU |\n|---|---|---|---|---|---|")
@@ -88,7 +167,8 @@ def markdown_table(link_prefix="notebooks/", mark_missing=True):
     for lab in LABS:
         name = (f"[{lab.notebook}]({link_prefix}{lab.notebook}.ipynb)" if lab.exists
                 else f"{lab.notebook} (coming)")
-        rows.append(f"| {lab.chapter} | {name} | {lab.modules} | {lab.shows} | "
+        modules = ", ".join(f"`{m}`" for m in lab.modules)
+        rows.append(f"| {lab.chapter} | {name} | {modules} | {lab.shows} | "
                     f"{lab.minutes} | {lab.device} |")
     return head + "\n" + "\n".join(rows)
 
@@ -96,7 +176,7 @@ def markdown_table(link_prefix="notebooks/", mark_missing=True):
 def show_map():
     """Display the course map in a notebook (links relative to notebooks/)."""
     from IPython.display import Markdown, display
-    display(Markdown(markdown_table(link_prefix="", mark_missing=False)))
+    display(Markdown(markdown_table(link_prefix="")))
 
 
 README_START, README_END = "<!-- labs:start -->", "<!-- labs:end -->"

@@ -14,7 +14,7 @@ CFG = A.SGDConfig(steps=60, batch_size=16, lr=0.1, eval_every=20)
 
 @functools.lru_cache(maxsize=None)
 def _digits():
-    X, y = lu.data.digits("train")
+    X, y = lu.datasets.digits("train")
     return X.flatten(1), y
 
 

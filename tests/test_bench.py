@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from labutils import bench
-from labutils.timing import Stats
+from labutils.bench import suite as bench
+from labutils.core.timing import Stats
 
 pytestmark = pytest.mark.lab07
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -64,7 +64,7 @@ def test_quick_suite_runs_every_registered_benchmark(tmp_path):
 def test_gpucheck_without_cuda_exits_cleanly_with_a_message(monkeypatch, capsys):
     import torch
 
-    from labutils import gpucheck
+    from labutils.bench import gpucheck
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert gpucheck.main([]) == 0
     out = capsys.readouterr().out
@@ -74,13 +74,13 @@ def test_gpucheck_without_cuda_exits_cleanly_with_a_message(monkeypatch, capsys)
 @pytest.mark.slow
 def test_gpucheck_module_entry_point_without_cuda():
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run([sys.executable, "-m", "labutils.gpucheck"], cwd=ROOT, env=env,
+    proc = subprocess.run([sys.executable, "-m", "labutils.bench.gpucheck"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "no CUDA device" in proc.stdout
 
 
 def test_gpucheck_peaks_and_palm_formula():
-    from labutils import gpucheck as g
+    from labutils.bench import gpucheck as g
     assert g.peak_flops("NVIDIA H100 80GB HBM3") == 989e12
     assert g.peak_flops("NVIDIA H100 PCIe") == 756e12
     assert g.peak_flops("NVIDIA A100-SXM4-80GB") == 312e12
@@ -94,7 +94,7 @@ def test_gpucheck_peaks_and_palm_formula():
 def test_gpucheck_step_and_table_on_cpu():
     """The same worker and table on CPU/gloo with a tiny GPT (a GPU is not needed to test it)."""
     import labutils as lu
-    from labutils import gpucheck as g
+    from labutils.bench import gpucheck as g
     cfg = g.GPTConfig(n_layer=2, n_embd=32, n_head=4, seq_len=16, vocab_size=64, batch_size=2,
                       steps=3, warmup=1)
     result = lu.launch(g.train_steps, cfg, "cpu", "float32", world_size=1, backend="gloo")[0]

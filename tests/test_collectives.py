@@ -84,7 +84,7 @@ def test_every_collective_before_after():
     assert res["scatter"][1] == [[0.0], [1.0], [2.0], [3.0]]
     assert res["gather"][1][0] == [0.0, 10.0, 20.0, 30.0]
     assert res["send_recv"][1][1] == [0.0, 1.0, 2.0]  # rank 1 got rank 0's tensor
-    fig = C.plot_collectives(res)
+    fig = lu.figures.plot_collectives(res)
     assert len(fig.axes) == 2 * len(C.COLLECTIVES)
 
 
@@ -99,9 +99,9 @@ def test_bad_input_refused_before_launch():
 
 def test_bandwidth_definitions():
     # nccl-tests: algbw = bytes / time; busbw = algbw * 2 (p - 1) / p for all-reduce
-    assert C.algorithm_bandwidth(1e9, 2.0) == 5e8
-    assert C.bus_bandwidth(1e9, 2.0, 4) == pytest.approx(5e8 * 1.5)
-    assert C.bus_bandwidth(1e9, 2.0, 2) == pytest.approx(5e8)
+    assert lu.costmodel.algorithm_bandwidth(1e9, 2.0) == 5e8
+    assert lu.costmodel.bus_bandwidth(1e9, 2.0, 4) == pytest.approx(5e8 * 1.5)
+    assert lu.costmodel.bus_bandwidth(1e9, 2.0, 2) == pytest.approx(5e8)
 
 
 @pytest.mark.slow
@@ -144,10 +144,10 @@ def _stub(tensor):
 def test_checker_accepts_reference_and_rejects_mistakes():
     ok = lu.check_ring_all_reduce(C.ring_all_reduce)
     assert ok.passed and "passed" in ok.message
-    assert C.check_ring_all_reduce(C.recursive_doubling_all_reduce).passed
-    partial = C.check_ring_all_reduce(_reduce_scatter_only)
+    assert lu.check_ring_all_reduce(C.recursive_doubling_all_reduce).passed
+    partial = lu.check_ring_all_reduce(_reduce_scatter_only)
     assert not partial.passed and "rank" in partial.message and "expected" in partial.message
-    mean = C.check_ring_all_reduce(_average)
+    mean = lu.check_ring_all_reduce(_average)
     assert not mean.passed and "expected" in mean.message
-    stub = C.check_ring_all_reduce(_stub)
+    stub = lu.check_ring_all_reduce(_stub)
     assert not stub.passed and "not implemented" in stub.message

@@ -103,7 +103,7 @@ def test_links_and_bad_link_names():
     with pytest.raises(ValueError, match="use one of"):
         cm.get_link("carrier-pigeon")
     with pytest.raises(ValueError, match="use one of"):
-        cm.emulate("10GbE", algorithm="hypercube")
+        lu.emulation.emulate("10GbE", algorithm="hypercube")
 
 
 def _emulated_collectives(rank, world_size, repeats):
@@ -119,7 +119,7 @@ def _emulated_collectives(rank, world_size, repeats):
     plain = {}
     emulated = {}
     times = []
-    for results, ctx in ((plain, None), (emulated, cm.emulate(slow))):
+    for results, ctx in ((plain, None), (emulated, lu.emulation.emulate(slow))):
         with ctx or torch.no_grad():
             a = x.clone()
             dist.all_reduce(a)
@@ -178,7 +178,7 @@ def _ddp_grads(rank, world_size):
         model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(),
                                     torch.nn.Linear(64, 4))
         ddp = DDP(model, bucket_cap_mb=0.01)  # several buckets, so several hook calls
-        hook = cm.emulated_allreduce_hook(link or "1GbE", compress_dtype=compress)
+        hook = lu.emulation.emulated_allreduce_hook(link or "1GbE", compress_dtype=compress)
         if link is not None:
             ddp.register_comm_hook(None, hook)
         torch.manual_seed(1 + rank)

@@ -1,9 +1,12 @@
-"""labutils.data: the digits split is fixed and the right size, the character tokeniser
+"""labutils.data.datasets: the digits split is fixed and the right size, the character tokeniser
 round-trips the corpus, the video generator is deterministic and its digit really moves."""
+import hashlib
+
+import numpy as np
 import pytest
 import torch
 
-from labutils import data
+from labutils import datasets as data
 
 pytestmark = [pytest.mark.lab02, pytest.mark.usefixtures("one_thread")]
 
@@ -31,15 +34,23 @@ def test_digits_returns_copies():
     assert float(data.digits("train")[0].abs().sum()) > 0
 
 
-@pytest.mark.slow
-def test_digits_are_sklearns_digits():
-    from sklearn.datasets import load_digits  # slow import, hence slow
-    bunch = load_digits()
+def test_digits_file_is_the_uci_test_set():
+    """The shipped data/digits/digits.csv.gz is the pinned file (scikit-learn 1.9.1's copy of the
+    UCI optdigits test set, see data/digits/README.md), and the loader reads it unchanged."""
+    path = data.digits_path()
+    assert path.parts[-3:] == ("data", "digits", "digits.csv.gz")
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == data.DIGITS_SHA256
+    table = np.loadtxt(path, delimiter=",", dtype=np.int64)
+    assert table.shape == (1797, 65)
+    pixels, labels = table[:, :64], table[:, 64]
+    assert pixels.min() == 0 and pixels.max() == 16
+    assert np.bincount(labels).tolist() == [178, 182, 177, 183, 181, 182, 181, 179, 174, 180]
+    # the loader's test split is exactly these rows
     images, y = data.digits_raw("test")
-    idx = data._digits_all()["test_idx"]
-    torch.testing.assert_close(images, torch.tensor(bunch.images[idx.numpy()],
-                                                    dtype=torch.float32) / 16)
-    assert y.tolist() == bunch.target[idx.numpy()].tolist()
+    idx = data._digits_all()["test_idx"].numpy()
+    torch.testing.assert_close(images, torch.tensor(pixels[idx].reshape(-1, 8, 8),
+                                                    dtype=torch.float32) / 16, rtol=0, atol=0)
+    assert y.tolist() == labels[idx].tolist()
 
 
 def test_bad_split_names_the_choices():

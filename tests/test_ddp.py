@@ -9,7 +9,7 @@ VERSIONS = ("naive", "hooks", "bucketed", "torch")
 
 
 def _all_versions(rank, world_size, aux_pattern, versions):
-    return {v: ddp.train_data_parallel(rank, world_size, v, steps=4, batch_size=12,
+    return {v: lu.ddp_equivalence.train_data_parallel(rank, world_size, v, steps=4, batch_size=12,
                                        aux_pattern=aux_pattern) for v in versions}
 
 
@@ -28,12 +28,12 @@ def _assert_all_equal(results, reference, versions):
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_every_version_equals_single_process_and_torch_ddp(world_size):
     # aux branch unused on every rank in odd steps: its grad stays None there, as in DDP
-    reference = ddp.train_reference(steps=4, batch_size=12, world_size=world_size)
+    reference = lu.ddp_equivalence.train_reference(steps=4, batch_size=12, world_size=world_size)
     results = lu.launch(_all_versions, "even", VERSIONS, world_size=world_size)
     _assert_all_equal(results, reference, VERSIONS)
     counts = {v: results[0][v][1]["allreduces"] for v in ("naive", "hooks", "bucketed")}
     # naive: 1 usage + 1 per parameter per step; hooks: 1 per parameter that got a gradient
-    n_params = len(list(ddp.MixedNet().parameters()))
+    n_params = len(list(lu.ddp_equivalence.MixedNet().parameters()))
     assert counts["naive"] == 4 * (1 + n_params)
     assert counts["hooks"] == 4 * n_params - 2 * 2  # aux.weight and aux.bias skip 2 steps
     assert counts["bucketed"] < counts["hooks"]
@@ -43,7 +43,7 @@ def test_every_version_equals_single_process_and_torch_ddp(world_size):
 @pytest.mark.slow
 def test_parameter_used_on_one_rank_only():
     # aux runs only on rank 0: the others contribute zeros to its average
-    reference = ddp.train_reference(steps=4, batch_size=12, aux_pattern="rank0")
+    reference = lu.ddp_equivalence.train_reference(steps=4, batch_size=12, aux_pattern="rank0")
     versions = ("naive", "bucketed", "torch")
     results = lu.launch(_all_versions, "rank0", versions, world_size=2)
     _assert_all_equal(results, reference, versions)
@@ -51,7 +51,7 @@ def test_parameter_used_on_one_rank_only():
 
 @pytest.mark.lab04a
 def test_assign_buckets_reverse_order_and_cap():
-    model = ddp.MixedNet()
+    model = lu.ddp_equivalence.MixedNet()
     params = list(model.parameters())
     buckets = ddp.assign_buckets(params, bucket_cap_mb=0.02)  # 20971 bytes: 5242 floats
     flat = [p for b in buckets for p in b]
@@ -65,7 +65,7 @@ def test_assign_buckets_reverse_order_and_cap():
 
 @pytest.mark.lab04a
 def test_used_parameters_follows_the_graph():
-    model = ddp.MixedNet()
+    model = lu.ddp_equivalence.MixedNet()
     x = torch.randn(3, 16)
     with_aux = ddp.used_parameters(model(x, use_aux=True))
     without = ddp.used_parameters(model(x, use_aux=False))
@@ -74,7 +74,7 @@ def test_used_parameters_follows_the_graph():
 
 
 def _missing_grad(rank, world_size):
-    model = ddp.BucketedDDP(ddp.MixedNet(), bucket_cap_mb=0.02)  # find_unused_parameters=False
+    model = ddp.BucketedDDP(lu.ddp_equivalence.MixedNet(), bucket_cap_mb=0.02)  # find_unused_parameters=False
     model(torch.randn(2, 16), use_aux=False).sum().backward()
 
 
@@ -88,7 +88,7 @@ def test_unused_parameter_without_find_unused_is_a_clear_error():
 @pytest.mark.lab04a
 def test_bad_bucket_cap_refused():
     with pytest.raises(ValueError, match="bucket_cap_mb must be > 0"):
-        ddp.BucketedDDP(ddp.MixedNet(), bucket_cap_mb=0)
+        ddp.BucketedDDP(lu.ddp_equivalence.MixedNet(), bucket_cap_mb=0)
 
 
 # ---- exercise checkers ------------------------------------------------------------------
@@ -150,7 +150,7 @@ def _unscaled(ddp_model, micro_batches, loss_fn):  # one all-reduce, gradients k
 @pytest.mark.lab04b
 @pytest.mark.slow
 def test_check_no_sync_accumulation():
-    assert lu.check_no_sync_accumulation(ddp.accumulate_with_no_sync).passed
+    assert lu.check_no_sync_accumulation(lu.ddp_hooks.accumulate_with_no_sync).passed
     wrong = lu.check_no_sync_accumulation(_without_no_sync)
     assert not wrong.passed and "backward passes that all-reduced" in wrong.message
     wrong = lu.check_no_sync_accumulation(_unscaled)
@@ -161,7 +161,7 @@ def _every_hook(rank, world_size):
     from labutils import checkpoint
     return {h: checkpoint.train_script(rank, world_size, steps=14, batch_size=32, hook=h,
                                        evaluate=True)
-            for h in ddp.HOOKS}
+            for h in lu.ddp_hooks.HOOKS}
 
 
 @pytest.mark.lab04b
@@ -183,4 +183,4 @@ def test_compression_hooks_run_and_report_bytes():
 @pytest.mark.lab04b
 def test_unknown_hook_refused():
     with pytest.raises(ValueError, match="unknown comm hook 'int8'"):
-        ddp.register_hook(None, "int8")
+        lu.ddp_hooks.register_hook(None, "int8")

@@ -8,8 +8,8 @@ import torch
 import torch.distributed as dist
 
 import labutils as lu
-from labutils import exercises
-from labutils.exercises import CheckResult, first_difference, make_cases, run_check
+from labutils.exercises import lab04a as exercises
+from labutils.exercises.base import CheckResult, first_difference, make_cases, run_check
 
 pytestmark = [pytest.mark.lab04a]
 
@@ -106,7 +106,7 @@ def test_check_result_shows_its_message():
 def test_bad_input_is_refused_before_any_process_starts(monkeypatch):
     def no_launch(*args, **kwargs):
         raise AssertionError("a process was started")
-    monkeypatch.setattr(exercises, "launch", no_launch)
+    monkeypatch.setattr(lu.exercises.base, "launch", no_launch)
     with pytest.raises(TypeError, match=r"lu.check_average_gradients\(my_average_gradients\)"):
         exercises.check_average_gradients(None)
     with pytest.raises(TypeError, match="your function itself"):

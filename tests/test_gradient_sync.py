@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import labutils as lu
-from labutils import gradient_sync as G
+from labutils import comm_overhead as G
 
 pytestmark = pytest.mark.lab03c
 

@@ -310,14 +310,14 @@ def test_output_to_sink_and_progress():
 
 @pytest.mark.slow
 def test_threads_per_rank():
-    cores = launcher._cpu_count()
+    cores = lu.env.cpu_count()
     assert lu.launch(num_threads, world_size=2) == [max(1, cores // 2)] * 2
     assert lu.launch(num_threads, world_size=1, threads_per_rank=1) == [1]
 
 
 @pytest.mark.slow
 def test_more_ranks_than_cores_warns_and_runs():
-    n = launcher._cpu_count() + 1
+    n = lu.env.cpu_count() + 1
     with pytest.warns(UserWarning, match="oversubscription"):
         out = lu.launch(num_threads, world_size=n)
     assert out == [1] * n
@@ -394,10 +394,10 @@ def test_no_growth_in_processes_fds_threads():
 # ---- torchrun entry point -----------------------------------------------------------------
 
 def test_run_parses_kwargs():
-    from labutils.run import parse_kwargs, parse_target
+    from labutils.core.run import parse_kwargs, parse_target
     assert parse_kwargs(["--steps", "3", "--lr=0.1", "--name", "x", "--some-flag"]) == \
         {"steps": 3, "lr": 0.1, "name": "x", "some_flag": True}
-    assert parse_target("labutils.bench:_one_allreduce").__name__ == "_one_allreduce"
+    assert parse_target("labutils.bench.launch:_one_allreduce").__name__ == "_one_allreduce"
     with pytest.raises(SystemExit, match="no ':function' part"):
         parse_target("labutils.bench")
 
@@ -406,7 +406,7 @@ def test_run_parses_kwargs():
 def test_same_function_under_torchrun():
     out = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-         "-m", "labutils.run", "tests.launch_workers:allreduce_rank", "--scale", "2.0"],
+         "-m", "labutils.core.run", "tests.launch_workers:allreduce_rank", "--scale", "2.0"],
         cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr
     assert "'sum': tensor([6.])" in out.stdout and "'world_size': 2" in out.stdout
@@ -414,17 +414,17 @@ def test_same_function_under_torchrun():
 
 @pytest.mark.slow
 def test_run_outside_torchrun_says_how():
-    out = subprocess.run([sys.executable, "-m", "labutils.run", "labutils.bench:_one_allreduce"],
+    out = subprocess.run([sys.executable, "-m", "labutils.core.run", "labutils.bench.launch:_one_allreduce"],
                          cwd=ROOT, capture_output=True, text=True, timeout=60,
                          env={k: v for k, v in os.environ.items() if k not in ("RANK",)})
     assert out.returncode != 0 and "start this under torchrun" in out.stderr
 
 
 def test_env_report():
-    from labutils.env import recommended_world_sizes
+    from labutils.core.env import recommended_world_sizes
     assert recommended_world_sizes(2, 0) == (1, 2)
     assert recommended_world_sizes(6, 0) == (1, 2, 4, 6)
     assert recommended_world_sizes(16, 8) == (1, 2, 4, 8)
     r = lu.env.report()
-    assert r.cores == launcher._cpu_count() and r.backends["gloo"]
+    assert r.cores == lu.env.cpu_count() and r.backends["gloo"]
     assert "recommended world sizes" in str(r)

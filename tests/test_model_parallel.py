@@ -1,4 +1,5 @@
 """labutils.model_parallel: naive model parallelism, checked against one process (lab 05)."""
+import labutils as lu
 import itertools
 import warnings
 from functools import partial
@@ -28,9 +29,9 @@ def test_split_sizes_even_and_errors():
     with pytest.raises(ValueError, match="cannot split a model of 4 layers into 6 stages"):
         mp.split_sizes(4, 6)
     with pytest.raises(ValueError, match="one layer count per rank"):
-        mp.check_sizes([2, 2], 4, 3)
+        mp.validate_sizes([2, 2], 4, 3)
     with pytest.raises(ValueError, match="summing to the model's 4 layers"):
-        mp.check_sizes([2, 1], 4, 2)
+        mp.validate_sizes([2, 1], 4, 2)
 
 
 def test_split_model_chains_to_the_whole_model_and_keeps_names():
@@ -87,7 +88,7 @@ def test_naive_model_parallel_equals_one_process(world_size):
     torch.testing.assert_close(grads, ref["grads"])
     torch.testing.assert_close(mp.merge_stage_results(results, "params"), ref["params"])
     # naive model parallelism: ranks take turns, so each is idle most of the step
-    from labutils.timeline import bubble_fraction, flatten
+    from labutils.core.timeline import bubble_fraction, flatten
     assert all(r["output"] is None for r in results[:-1])
     assert bubble_fraction(flatten([r["spans"] for r in results])) > 0
 
@@ -158,13 +159,13 @@ def _not_done(rank, world_size, stage_input, stage_output, loss):
 
 @pytest.mark.slow
 def test_check_naive_backward_accepts_reference_and_names_mistakes():
-    ok = mp.check_naive_backward(mp.naive_backward)
+    ok = lu.check_naive_backward(mp.naive_backward)
     assert ok.passed, ok.message
-    wrong = mp.check_naive_backward(_sends_zeros)
+    wrong = lu.check_naive_backward(_sends_zeros)
     assert not wrong.passed
     assert "rank 0" in wrong.message and "expected" in wrong.message and "got 0.0" in wrong.message
-    stuck = mp.check_naive_backward(_forgets_to_send, timeout=8)
+    stuck = lu.check_naive_backward(_forgets_to_send, timeout=8)
     assert not stuck.passed
     assert "deadlock" in stuck.message and "rank 0 waiting in dist.recv" in stuck.message
-    todo = mp.check_naive_backward(_not_done)
+    todo = lu.check_naive_backward(_not_done)
     assert not todo.passed and "not implemented" in todo.message

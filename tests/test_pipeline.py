@@ -1,4 +1,5 @@
 """labutils.pipeline: GPipe and 1F1B from send/recv, checked against one process (lab 06a)."""
+import labutils as lu
 import warnings
 from functools import partial
 
@@ -160,11 +161,11 @@ def _not_done(stage, n_stages, n_microbatches):
 
 @pytest.mark.slow
 def test_check_one_f_one_b_schedule_accepts_reference_and_names_mistakes():
-    ok = pl.check_one_f_one_b_schedule(pl.one_f_one_b_schedule)
+    ok = lu.check_one_f_one_b_schedule(pl.one_f_one_b_schedule)
     assert ok.passed, ok.message
-    gpipe = pl.check_one_f_one_b_schedule(_gpipe_order)
+    gpipe = lu.check_one_f_one_b_schedule(_gpipe_order)
     assert not gpipe.passed and "'order'" in gpipe.message and "expected 'B0'" in gpipe.message
-    backwards = pl.check_one_f_one_b_schedule(_backward_first)
+    backwards = lu.check_one_f_one_b_schedule(_backward_first)
     assert not backwards.passed and "before F" in backwards.message
-    todo = pl.check_one_f_one_b_schedule(_not_done)
+    todo = lu.check_one_f_one_b_schedule(_not_done)
     assert not todo.passed and "not implemented" in todo.message

@@ -5,19 +5,19 @@ import matplotlib
 import pytest
 
 import labutils as lu
-from labutils import plots, profile
-from labutils.timeline import Span, to_chrome_trace
-from labutils.timing import Stats
+from labutils import plots, ddp_performance as profile
+from labutils.core.timeline import Span, to_chrome_trace
+from labutils.core.timing import Stats
 
 matplotlib.use("Agg")
 
 
 @pytest.mark.lab04c
 def test_bus_bandwidth_formula():
-    assert profile.bus_bandwidth(1e9, 1.0, 2) == pytest.approx(1e9)      # 2(p-1)/p = 1
-    assert profile.bus_bandwidth(1e9, 1.0, 4) == pytest.approx(1.5e9)    # 2 * 3 / 4
+    assert lu.costmodel.bus_bandwidth(1e9, 1.0, 2) == pytest.approx(1e9)      # 2(p-1)/p = 1
+    assert lu.costmodel.bus_bandwidth(1e9, 1.0, 4) == pytest.approx(1.5e9)    # 2 * 3 / 4
     with pytest.raises(ValueError, match="world_size >= 2"):
-        profile.bus_bandwidth(1e9, 1.0, 1)
+        lu.costmodel.bus_bandwidth(1e9, 1.0, 1)
 
 
 @pytest.mark.lab04c
@@ -49,7 +49,7 @@ def test_timeline_shows_bucket_allreduces_and_a_perfetto_trace(tmp_path):
         backward_end = max(s.end for s in spans if s.name == "backward")
         assert max(s.end for s in spans if s.name == "allreduce") <= backward_end + 1e-3
     spans = lu.timeline.flatten(per_rank)
-    ax = profile.plot_overlap(spans)
+    ax = lu.timeline_plot.plot_overlap(spans)
     assert len(ax.get_yticks()) == 4                      # compute and comm lane per rank
     trace = json.load(open(to_chrome_trace(spans, str(tmp_path / "t.json"))))
     assert sum(e["ph"] == "X" for e in trace["traceEvents"]) == len(spans)
@@ -58,7 +58,7 @@ def test_timeline_shows_bucket_allreduces_and_a_perfetto_trace(tmp_path):
 @pytest.mark.lab04c
 @pytest.mark.slow
 def test_check_bus_bandwidth():
-    assert lu.check_bus_bandwidth(profile.bus_bandwidth).passed
+    assert lu.check_bus_bandwidth(lu.costmodel.bus_bandwidth).passed
     wrong = lu.check_bus_bandwidth(lambda n, s, p: n / s)              # algorithm bandwidth
     assert not wrong.passed and "world_size=3" in wrong.message and "expected" in wrong.message
     wrong = lu.check_bus_bandwidth(lambda n, s, p: n / s * 2 * (p - 1))  # forgot the / p

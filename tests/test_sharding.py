@@ -17,7 +17,7 @@ SIZES = (32, 64, 64, 8)  # every weight and bias divides by 2 and 4: no padding,
 # ---- pure logic --------------------------------------------------------------------------
 
 def test_formula_matches_the_papers_figure_and_the_planner():
-    from labutils.planner import zero_memory_per_gpu
+    from labutils.cost.planner import zero_memory_per_gpu
     psi = 7.5e9  # the paper's figure 1: 7.5B parameters, 64 GPUs, mixed-precision Adam
     gb = [sh.zero_state_bytes(psi, 64, s, 2, 2, 12) / 1e9 for s in range(4)]
     assert [round(g, 2) for g in gb] == [120.0, 31.41, 16.64, 1.88]
@@ -38,9 +38,9 @@ def test_padding_and_volume_formula():
     ({"kind": "zero2", "world_size": 4, "batch": 6}, "batch 6 does not split evenly over 4"),
 ])
 def test_bad_training_config_refused_before_launch(monkeypatch, kwargs, words):
-    monkeypatch.setattr(lu.launcher, "launch", lambda *a, **k: pytest.fail("launched"))
+    monkeypatch.setattr(lu.zero_training, "launch", lambda *a, **k: pytest.fail("launched"))
     with pytest.raises(ValueError, match=words):
-        sh.run_training(**kwargs)
+        lu.zero_training.run_training(**kwargs)
 
 
 @pytest.mark.parametrize("kwargs, words", [
@@ -48,16 +48,16 @@ def test_bad_training_config_refused_before_launch(monkeypatch, kwargs, words):
     ({"world_size": 4, "mesh_shape": (1, 4), "hidden": 18}, "hidden size 18 is not divisible"),
 ])
 def test_bad_mesh_refused_before_launch(monkeypatch, kwargs, words):
-    monkeypatch.setattr(lu.launcher, "launch", lambda *a, **k: pytest.fail("launched"))
+    monkeypatch.setattr(lu.mesh_2d, "launch", lambda *a, **k: pytest.fail("launched"))
     with pytest.raises(ValueError, match=words):
-        sh.run_mesh_2d(**kwargs)
+        lu.mesh_2d.run_mesh_2d(**kwargs)
 
 
 def test_same_training_comparison_can_fail():
-    ref = sh.train_single(SIZES, steps=2)
+    ref = lu.zero_training.train_single(SIZES, steps=2)
     wrong = {"losses": ref["losses"], "params": [p + 1e-3 for p in ref["params"]]}
     with pytest.raises(AssertionError, match="parameter 0"):
-        sh.assert_same_training(wrong, ref)
+        lu.zero_training.assert_same_training(wrong, ref)
 
 
 # ---- real ranks ---------------------------------------------------------------------------
@@ -79,13 +79,13 @@ def test_gloo_reduce_scatter_and_all_gather_on_cpu():
 @pytest.mark.slow
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_every_stage_equals_data_parallel_and_one_process(world_size):
-    psi = sum(p.numel() for p in sh.make_problem(SIZES)[0].parameters())
-    single = sh.train_single(SIZES, batch=16, steps=3)
-    dp = sh.run_training("dp", world_size, sizes=SIZES, batch=16, steps=3)
-    sh.assert_same_training(dp, single, "data parallel vs one process")
+    psi = sum(p.numel() for p in lu.zero_training.make_problem(SIZES)[0].parameters())
+    single = lu.zero_training.train_single(SIZES, batch=16, steps=3)
+    dp = lu.zero_training.run_training("dp", world_size, sizes=SIZES, batch=16, steps=3)
+    lu.zero_training.assert_same_training(dp, single, "data parallel vs one process")
     for stage in (1, 2, 3):
-        res = sh.run_training(f"zero{stage}", world_size, sizes=SIZES, batch=16, steps=3)
-        sh.assert_same_training(res, dp, f"ZeRO-{stage} vs data parallel")
+        res = lu.zero_training.run_training(f"zero{stage}", world_size, sizes=SIZES, batch=16, steps=3)
+        lu.zero_training.assert_same_training(res, dp, f"ZeRO-{stage} vs data parallel")
         held = sum(res["state"].values())
         assert held == sh.zero_state_bytes(psi, world_size, stage)  # exact: no padding here
         assert res["volume_bytes_per_step"] == sh.zero_volume_formula(stage) * 4 * psi
@@ -96,21 +96,21 @@ def test_every_stage_equals_data_parallel_and_one_process(world_size):
 @pytest.mark.slow
 def test_zero_with_padding_still_equals_data_parallel():
     sizes = (5, 7, 3)  # 35 + 7 + 21 + 3 parameters: nothing divides by 4
-    dp = sh.run_training("dp", 4, sizes=sizes, batch=8, steps=2)
+    dp = lu.zero_training.run_training("dp", 4, sizes=sizes, batch=8, steps=2)
     for kind in ("zero2", "zero3"):
-        sh.assert_same_training(sh.run_training(kind, 4, sizes=sizes, batch=8, steps=2), dp,
+        lu.zero_training.assert_same_training(lu.zero_training.run_training(kind, 4, sizes=sizes, batch=8, steps=2), dp,
                                 kind)
 
 
 @pytest.mark.slow
 def test_fsdp2_equals_data_parallel_and_measured_memory_falls_with_stage():
     big = dict(sizes=(64,) + (128,) * 6 + (8,), batch=16, steps=2, measure_memory=True)
-    dp = sh.run_training("dp", 2, **big)
-    fsdp = sh.run_training("fsdp", 2, **big)
-    sh.assert_same_training(fsdp, dp, "FSDP2 vs data parallel")
-    zero3 = sh.run_training("zero3", 2, **big)
-    sh.assert_same_training(zero3, dp, "ZeRO-3 vs data parallel")
-    psi = sum(p.numel() for p in sh.make_problem(big["sizes"])[0].parameters())
+    dp = lu.zero_training.run_training("dp", 2, **big)
+    fsdp = lu.zero_training.run_training("fsdp", 2, **big)
+    lu.zero_training.assert_same_training(fsdp, dp, "FSDP2 vs data parallel")
+    zero3 = lu.zero_training.run_training("zero3", 2, **big)
+    lu.zero_training.assert_same_training(zero3, dp, "ZeRO-3 vs data parallel")
+    psi = sum(p.numel() for p in lu.zero_training.make_problem(big["sizes"])[0].parameters())
     # measured peaks hold the model state plus activations and transient buffers
     assert min(dp["peak_bytes_per_rank"]) >= 16 * psi
     assert max(zero3["peak_bytes_per_rank"]) < 0.75 * min(dp["peak_bytes_per_rank"])
@@ -120,16 +120,16 @@ def test_fsdp2_equals_data_parallel_and_measured_memory_falls_with_stage():
 @pytest.mark.slow
 def test_checkpointing_and_autocast_train_like_the_plain_step():
     kw = dict(sizes=(16,) + (32,) * 4 + (8,), batch=8, steps=2)
-    dp = sh.run_training("dp", 2, **kw)
-    sh.assert_same_training(sh.run_training("dp", 2, checkpoint=True, **kw), dp, "checkpoint")
-    bf16 = sh.run_training("zero3", 2, autocast=True, **kw)
+    dp = lu.zero_training.run_training("dp", 2, **kw)
+    lu.zero_training.assert_same_training(lu.zero_training.run_training("dp", 2, checkpoint=True, **kw), dp, "checkpoint")
+    bf16 = lu.zero_training.run_training("zero3", 2, autocast=True, **kw)
     torch.testing.assert_close(bf16["losses"], dp["losses"], atol=2e-2, rtol=2e-2)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mesh_shape", [(2, 2), (1, 4)])
 def test_data_x_tensor_mesh_equals_one_process(mesh_shape):
-    res = sh.run_mesh_2d(4, mesh_shape, hidden=16, batch=8, steps=3)
+    res = lu.mesh_2d.run_mesh_2d(4, mesh_shape, hidden=16, batch=8, steps=3)
     assert sorted(res["coords"]) == [(d, t) for d in range(mesh_shape[0])
                                      for t in range(mesh_shape[1])]
     assert res["shapes"]["fc1.weight"] == (64 // mesh_shape[1], 16)
@@ -176,6 +176,6 @@ def test_zero1_checker_accepts_the_reference():
     (_stub, "not implemented yet"),
 ])
 def test_zero1_checker_rejects_typical_mistakes(wrong, words):
-    res = sh.check_zero1_step(wrong)
+    res = lu.check_zero1_step(wrong)
     assert not res.passed
     assert words in res.message, res.message

@@ -6,7 +6,7 @@ import torch
 
 import labutils as lu
 from labutils import shm_allreduce
-from labutils.shm_allreduce import ShmAllReduce, shm_allreduce_hook
+from labutils.parallel.shm_allreduce import ShmAllReduce, shm_allreduce_hook
 
 LENGTHS = (1, 7, 64, 65, 301)  # 64 floats per 256-byte chunk: one, two and five chunks
 

@@ -23,7 +23,7 @@ def test_bad_split_is_refused_before_any_process_starts(monkeypatch, hidden, hea
                                                         words):
     def no_launch(*a, **k):
         raise AssertionError("a process was started for a bad configuration")
-    monkeypatch.setattr(lu.launcher, "launch", no_launch)
+    monkeypatch.setattr(lu.tensor_parallel, "launch", no_launch)
     block = "attention" if heads else "mlp"
     with pytest.raises(ValueError, match=words):
         tp.run_block_check(block, tp_size, hidden=hidden, num_heads=heads or 4)
@@ -31,7 +31,7 @@ def test_bad_split_is_refused_before_any_process_starts(monkeypatch, hidden, hea
 
 def test_error_names_a_valid_tensor_parallel_size():
     with pytest.raises(ValueError, match=r"Use a tensor-parallel size in \[1, 2, 3, 6\]"):
-        tp.check_tp_config(18, None, 4, ffn_hidden=72)
+        tp.validate_tp_config(18, None, 4, ffn_hidden=72)
 
 
 def test_qkv_shard_gives_each_rank_whole_heads_of_q_k_and_v():
@@ -151,6 +151,6 @@ def test_checker_accepts_the_reference():
     (_stub, "not implemented yet"),
 ])
 def test_checker_rejects_typical_mistakes(wrong, words):
-    res = tp.check_column_parallel_linear(wrong)
+    res = lu.check_column_parallel_linear(wrong)
     assert not res.passed
     assert words in res.message, res.message

@@ -2,6 +2,7 @@
 
 Synthetic spans built in this process (a simulated 1F1B schedule), so no process is started.
 """
+import labutils as lu
 import random
 
 import matplotlib
@@ -13,8 +14,9 @@ import pytest  # noqa: E402
 from matplotlib.text import Text  # noqa: E402
 
 from labutils import pipeline as pl  # noqa: E402
-from labutils import profile  # noqa: E402
-from labutils.timeline import Span, plot_timeline  # noqa: E402
+from labutils import ddp_performance  # noqa: E402
+from labutils.core.timeline import Span  # noqa: E402
+from labutils.viz.timeline_plot import plot_timeline  # noqa: E402
 
 pytestmark = pytest.mark.lab06a
 
@@ -177,7 +179,7 @@ def bucket_spans(ranks=2, steps=2, buckets=6, every_ms=1.0):
 @pytest.mark.parametrize("every_ms", [1.0, 0.2])
 def test_bucket_overlap_plot_is_readable(every_ms):
     spans = bucket_spans(every_ms=every_ms)
-    ax = profile.plot_overlap(spans, title="2 ranks, BucketedDDP")
+    ax = lu.timeline_plot.plot_overlap(spans, title="2 ranks, BucketedDDP")
     shown = check_readable(ax, spans, lane=lambda s: 2 * s.rank + (s.name == "allreduce"))
     assert list(ax.get_yticks()) == [0, 1, 2, 3]     # compute and comm lane per rank
     assert [t.get_text() for t in ax.get_yticklabels()] == [

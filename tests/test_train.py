@@ -1,4 +1,4 @@
-"""labutils.train: the reference loop is deterministic; global batches, shards and loss weights
+"""labutils.data.train: the reference loop is deterministic; global batches, shards and loss weights
 partition a batch exactly; 2-rank DDP (train_worker) ends with the same weights and losses as one
 process on the whole batch, for every workload, also when the batch does not split evenly; the
 shard_batch checker accepts the reference and names what is wrong in typical mistakes."""
@@ -50,11 +50,11 @@ def test_reference_loop_is_deterministic_and_learns():
 
 def test_bad_arguments_are_refused_in_the_caller():
     with pytest.raises(ValueError, match="choose one of digits, text, video"):
-        train.check_train_args("speech")
+        train.validate_train_args("speech")
     with pytest.raises(ValueError, match="use batch_size >= 4"):
-        train.check_train_args("digits", batch_size=3, world_size=4)
+        train.validate_train_args("digits", batch_size=3, world_size=4)
     with pytest.raises(ValueError, match="steps must be >= 1"):
-        train.check_train_args("digits", steps=0)
+        train.validate_train_args("digits", steps=0)
 
 
 @pytest.mark.slow

@@ -317,7 +317,7 @@ def _checkpointed_training():
 
 def _ddp_versions():
     from labutils import ddp
-    return lu.launch(ddp.time_versions, hidden=32, batch_size=8, repeats=2, world_size=2)[0]
+    return lu.launch(lu.ddp_performance.time_versions, hidden=32, batch_size=8, repeats=2, world_size=2)[0]
 
 
 def _emulated_links():
@@ -332,7 +332,7 @@ def _pipeline():
 
 def _zero():
     from labutils import sharding
-    return sharding.run_training("zero2", 2, steps=3)
+    return lu.zero_training.run_training("zero2", 2, steps=3)
 
 
 def _all_reduce_sweep():

@@ -1,0 +1,115 @@
+"""What this machine has for distributed training, and which world sizes suit it.
+
+``lu.env.report()`` is the first cell of ``01_introduction``; ``lu.env.describe()`` is the
+one-line machine description printed beside every benchmark table.
+"""
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import dataclass, field
+
+import psutil
+
+# The repository: notebooks/, data/ (the data that ships) and labutils/ below it.
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@dataclass(frozen=True)
+class EnvReport:
+    cores: int                # cores this process may use (affinity), what ranks share
+    memory_gb: float
+    gpus: tuple               # names of CUDA devices
+    backends: dict            # backend name -> available?
+    torch_version: str
+    python_version: str
+    system: str
+    recommended_world_sizes: tuple = field(default=())
+
+    def lines(self):
+        gpus = ", ".join(self.gpus) if self.gpus else "none"
+        backends = ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in self.backends.items())
+        return [f"cores (usable): {self.cores}",
+                f"memory: {self.memory_gb:.1f} GB",
+                f"GPUs: {gpus}",
+                f"backends: {backends}",
+                f"torch {self.torch_version}, Python {self.python_version}, {self.system}",
+                f"recommended world sizes: {', '.join(map(str, self.recommended_world_sizes))}"
+                f" (one rank per core{' or GPU' if self.gpus else ''}; more ranks share cores)"]
+
+    def __str__(self):
+        return "\n".join(self.lines())
+
+    def _repr_pretty_(self, p, cycle):
+        p.text(str(self))
+
+
+def cpu_count():
+    """The cores this process may run on (its affinity mask), which a container or taskset can
+    make fewer than the machine has."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def recommended_world_sizes(cores, gpus):
+    """One rank per GPU, else one per core: powers of two up to that (and the count itself)."""
+    limit = gpus if gpus else cores
+    sizes = [1]
+    while sizes[-1] * 2 <= limit:
+        sizes.append(sizes[-1] * 2)
+    if limit not in sizes:
+        sizes.append(limit)
+    return tuple(sizes)
+
+
+def report():
+    """Cores, memory, GPUs, available backends, versions and recommended world sizes."""
+    import torch
+    import torch.distributed as dist
+    gpus = tuple(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())) \
+        if torch.cuda.is_available() else ()
+    backends = {"gloo": dist.is_gloo_available(), "nccl": dist.is_nccl_available() and bool(gpus),
+                "mpi": dist.is_mpi_available()}
+    cores = cpu_count()
+    return EnvReport(cores=cores, memory_gb=psutil.virtual_memory().total / 1e9, gpus=gpus,
+                     backends=backends, torch_version=torch.__version__.split("+")[0],
+                     python_version=platform.python_version(),
+                     system=f"{platform.system()} {platform.machine()}",
+                     recommended_world_sizes=recommended_world_sizes(cores, len(gpus)))
+
+
+def describe():
+    """One line for benchmark tables: cores, memory, CPU model, GPUs, torch."""
+    r = report()
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    gpus = f", GPUs: {', '.join(r.gpus)}" if r.gpus else ", no GPU"
+    return f"{r.cores} cores ({cpu}), {r.memory_gb:.0f} GB{gpus}, torch {r.torch_version}"
+
+
+def machine():
+    """A one-line description of this machine: CPU, cores, memory, OS, Python, torch."""
+    import platform
+
+    import torch
+    cpu = platform.machine()  # platform.processor() would start a `uname` process
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if "model name" in line)
+    except (OSError, StopIteration):
+        pass
+    cores = cpu_count()
+    try:
+        import psutil
+        mem = f", {psutil.virtual_memory().total / 2**30:.0f} GiB RAM"
+    except ImportError:
+        mem = ""
+    gpu = (f", GPU {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ", no GPU")
+    return (f"{cpu}, {cores} cores{mem}{gpu}; {platform.system()} {platform.release()}, "
+            f"Python {platform.python_version()}, torch {torch.__version__}")

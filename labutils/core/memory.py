@@ -1,0 +1,183 @@
+"""Memory of a training step: the formula, and a measured peak to check it against (on CPU).
+
+Used by ``03c_challenges`` (hardware constraints), ``05_model_parallel_principles`` (the memory
+wall) and ``06c_sharding_and_memory`` (ZeRO/FSDP per-rank memory).
+
+The formula (Rajbhandari et al., "ZeRO", SC 2020, section 3): a step with ``P`` parameters keeps
+
+* weights      ``P * dtype_bytes``
+* gradients    ``P * dtype_bytes``
+* optimizer    ``P * 4 * k`` (fp32 state: ``k`` = 0 for SGD, 1 for SGD with momentum, 2 for Adam),
+  plus ``P * 4`` for an fp32 master copy when the weights are in lower precision
+* activations  what autograd saves for backward in one forward pass: counted here with
+  ``torch.autograd.graph.saved_tensors_hooks`` (every tensor packed for backward, each storage
+  once, parameters excluded because they are already counted), so no per-layer table can drift.
+* temporary    scratch of the op running at the peak: twice the largest weight (Adam's
+  temporaries, a fresh gradient), or, walking backward, two activation gradients on top of
+  the saved activations not yet freed, whichever is larger.
+
+``measure_peak(fn)`` measures the real thing: CPU tensors have no
+``torch.cuda.max_memory_allocated``, but the CPU allocator reports every allocation and free to
+the profiler when ``profile_memory=True``. Replaying those events in order gives live tensor
+bytes over time, and their maximum is the peak. It counts every tensor byte (including an op's
+scratch buffers) and nothing else (no Python objects, no allocator slack), and an op allocates
+the same sizes every run, so the figure is deterministic: a test can compare it with the formula.
+
+API (bytes everywhere)::
+
+    est = lu.memory.model_memory(model, optimizer="adam", example_input=x)
+    # {'parameters': P, 'weights': ..., 'gradients': ..., 'optimizer': ..., 'activations': ...,
+    #  'temporary': ..., 'total': ...}
+    _, peak = lu.memory.measure_peak(lu.memory.train_steps, make_model, x, y, "adam")
+"""
+from __future__ import annotations
+
+import itertools
+import os
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+# fp32 state tensors per parameter that each optimiser keeps (ZeRO paper's K / 4).
+OPTIMIZER_STATES = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}
+TERMS = ("weights", "gradients", "optimizer", "activations", "temporary")
+
+
+def count_parameters(model):
+    """Number of trainable parameters (each shared tensor once)."""
+    seen = {id(p): p for p in model.parameters() if p.requires_grad}
+    return sum(p.numel() for p in seen.values())
+
+
+def activation_bytes(model, example_input):
+    """Bytes autograd saves for backward in one forward pass of ``model(example_input)``.
+
+    Every tensor packed for backward is counted once per storage; parameters are left out
+    (they are the weights term). The input batch is included when a layer saves it.
+    """
+    return sum(saved_storages(model, example_input).values())
+
+
+def saved_storages(model, example_input):
+    """{storage address: bytes} of the tensors autograd saves for backward (parameters out)."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        if st.data_ptr() not in params and st.device.type != "meta":
+            saved[st.data_ptr()] = st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = model(example_input)
+    del out
+    return saved
+
+
+def model_memory(model, optimizer="adam", dtype_bytes=4, batch=None, example_input=None,
+                 master_weights=None):
+    """The memory formula for one training step of ``model``; a dict of bytes.
+
+    ``optimizer``: one of ``OPTIMIZER_STATES`` ("sgd", "momentum", "adam", "adamw").
+    ``dtype_bytes``: bytes per weight and gradient (4 fp32, 2 fp16/bf16).
+    ``example_input``: a batch to count activations on (``activation_bytes``); without it the
+    activations term is 0. ``batch``: scale the activations to this batch size (they grow
+    linearly with it; the batch size of ``example_input`` is its first dimension).
+    ``master_weights``: keep an fp32 copy of the weights (default: when ``dtype_bytes < 4``).
+    """
+    if optimizer not in OPTIMIZER_STATES:
+        raise ValueError(f"unknown optimizer {optimizer!r}; use one of "
+                         f"{', '.join(OPTIMIZER_STATES)}")
+    if dtype_bytes not in (1, 2, 4, 8):
+        raise ValueError(f"dtype_bytes must be 1, 2, 4 or 8 (bytes per value); got {dtype_bytes!r}")
+    if batch is not None and example_input is None:
+        raise ValueError("batch= needs example_input= (a batch to count activations on)")
+    n = count_parameters(model)
+    if master_weights is None:
+        master_weights = dtype_bytes < 4
+    acts = backward_extra = 0
+    if example_input is not None:
+        saved = list(saved_storages(model, example_input).values())  # in forward order
+        scale = 1.0 if batch is None else batch / example_input.shape[0]
+        saved = [int(b * scale) for b in saved]
+        acts = sum(saved)
+        # Backward frees saved tensors as it walks back; at the layer that saved tensor k, the
+        # tensors saved before k are still live, plus two gradients about tensor k's size.
+        prefix = 0
+        for size in saved:
+            prefix += size
+            backward_extra = max(backward_extra, prefix + 2 * size - acts)
+    largest_param = max((p.numel() for p in model.parameters() if p.requires_grad), default=0)
+    out = {"parameters": n,
+           "weights": n * dtype_bytes,
+           "gradients": n * dtype_bytes,
+           "optimizer": n * 4 * (OPTIMIZER_STATES[optimizer] + int(master_weights)),
+           "activations": acts,
+           # Scratch of one op at a time, never kept: two tensors the size of the largest
+           # weight (Adam's sqrt and divide; a fresh gradient before it is added to .grad), or
+           # in backward two activation gradients beside the activations not yet freed.
+           "temporary": max(2 * largest_param * dtype_bytes, backward_extra)}
+    out["total"] = sum(out[t] for t in TERMS)
+    return out
+
+
+def measure_peak(fn, *args, **kwargs):
+    """Run ``fn(*args, **kwargs)``; return ``(result, peak_bytes)``.
+
+    ``peak_bytes`` is the largest amount of CPU tensor memory live at any moment of the call,
+    above what was live when it began (tensors created before the call and freed inside it
+    count negative). Read from the allocator's own reports to the profiler, so it is exact and
+    the same on every run. The profiler slows the call down (fine for small models).
+    """
+    os.environ.setdefault("KINETO_LOG_LEVEL", "99")  # keep kineto's start/stop lines quiet
+    # torch.autograd.profiler directly: torch.profiler.profile would import torch._inductor
+    # first (seconds), which this does not need.
+    with torch.autograd.profiler.profile(use_cpu=True, profile_memory=True) as prof:
+        result = fn(*args, **kwargs)
+    events = [e for e in prof.kineto_results.events()
+              if e.name() == "[memory]" and str(e.device_type()).endswith("CPU")]
+    events.sort(key=lambda e: e.start_ns())
+    live = itertools.accumulate(e.nbytes() for e in events)
+    return result, max(0, max(live, default=0))
+
+
+def train_steps(make_model, x, y, optimizer="adam", steps=2, lr=1e-3):
+    """Build a model with ``make_model()`` and train it ``steps`` steps on ``(x, y)``.
+
+    A whole training step from nothing, so ``measure_peak`` sees every byte: weights, the
+    optimiser state (created at the first step), gradients and activations. Returns the losses.
+    """
+    model = make_model()
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = {"sgd": lambda: torch.optim.SGD(params, lr=lr),
+           "momentum": lambda: torch.optim.SGD(params, lr=lr, momentum=0.9),
+           "adam": lambda: torch.optim.Adam(params, lr=lr, foreach=False),
+           "adamw": lambda: torch.optim.AdamW(params, lr=lr, foreach=False)}[optimizer]()
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=False)  # gradients stay allocated, as the formula counts them
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def formula_vs_peak(make_model, x, y, optimizer="adam", steps=2):
+    """Formula vs measured peak of ``train_steps``: ``(estimate dict, peak_bytes)``."""
+    torch.manual_seed(0)
+    estimate = model_memory(make_model(), optimizer=optimizer, example_input=x)
+    _, peak = measure_peak(train_steps, make_model, x, y, optimizer, steps)
+    return estimate, peak
+
+
+def mlp(sizes=(64, 256, 256, 10)):
+    """A plain MLP, the model the memory tests and 03c use (``nn.Sequential``)."""
+    layers = []
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+        layers.append(nn.Linear(a, b))
+        if i < len(sizes) - 2:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)

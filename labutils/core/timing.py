@@ -1,0 +1,81 @@
+"""Timing that can be trusted: warm-up, repeats, medians with spread, interleaved comparisons.
+
+Used by every lab that measures (01, 03a, 04c, 06a, ...) and by ``labutils.bench``. Measuring is
+kept apart from plotting so both can be tested. On a shared 2-core machine compare *ratios*
+measured side by side (``interleaved``), never a stored absolute time.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+from labutils.core.rank import progress
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Median, min and max of repeated measurements (seconds unless said otherwise)."""
+    median: float
+    min: float
+    max: float
+    values: tuple = field(repr=False, default=())
+
+    @classmethod
+    def of(cls, values):
+        values = tuple(float(v) for v in values)
+        if not values:
+            raise ValueError("Stats.of needs at least one value")
+        return cls(statistics.median(values), min(values), max(values), values)
+
+    @property
+    def n(self):
+        return len(self.values)
+
+    def __truediv__(self, other):
+        """Ratio of medians, the spread bounded by the extreme pairs."""
+        return Stats(self.median / other.median, self.min / other.max, self.max / other.min)
+
+    def fmt(self, unit="s", scale=1.0, digits=3):
+        m, lo, hi = (x * scale for x in (self.median, self.min, self.max))
+        return f"{m:.{digits}g} {unit} (min {lo:.{digits}g}, max {hi:.{digits}g}, n={self.n})"
+
+    def __str__(self):
+        return self.fmt()
+
+
+def slowest(per_rank):
+    """Per sample, the max over ranks of ``per_rank`` (one list of seconds per rank): a
+    collective, or a step of a data-parallel job, ends when its slowest rank does."""
+    return [max(ts) for ts in zip(*per_rank)]
+
+
+def measure(fn, repeats=7, warmup=1):
+    """Call ``fn()`` ``warmup`` times unmeasured, then ``repeats`` times; Stats in seconds."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for i in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+        progress(i + 1, repeats, "repeats")   # after the clock stops: a panel's bar moves
+    return Stats.of(times)
+
+
+def interleaved(fns, repeats=7, warmup=1):
+    """Time several callables round-robin (A B C A B C ...) so machine noise hits all alike.
+
+    ``fns`` maps a label to a callable; returns a dict label -> Stats (seconds).
+    """
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times = {name: [] for name in fns}
+    for i in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+        progress(i + 1, repeats, "repeats")
+    return {name: Stats.of(v) for name, v in times.items()}

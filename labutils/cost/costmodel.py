@@ -1,0 +1,345 @@
+"""The alpha-beta cost model of collectives, its fit to measurements, and step-time models.
+
+Used by 03a (fit alpha and beta to measured all-reduce times), 04c (emulated links as a DDP
+comm hook; predicted vs measured speedup), 06a (the bubble formula) and 07 (the model calibrated
+here predicts scale; ``lu.planner`` builds on the step-time models at the end).
+
+Units, everywhere in this module: ``nbytes`` in bytes, times in seconds, ``alpha`` (latency per
+message step) in seconds, ``beta`` (inverse bandwidth) in seconds per byte, so a link of
+bandwidth B bytes/s has ``beta = 1 / B``.
+
+``nbytes`` is always the size of the *whole* buffer one rank holds: the tensor handed to
+all-reduce or broadcast, the full (concatenated) output of all-gather, the full input of
+reduce-scatter, the message of send/recv. The formulas are those of Thakur, Rabenseifner and
+Gropp (2005) and Patarasuk and Yuan (2009), without the reduction's compute term:
+
+=============  ==========================================  ====================================
+collective     ring                                        tree / recursive variants
+=============  ==========================================  ====================================
+all-reduce     2(p-1) a + 2(p-1)/p n b                      tree: 2 L (a + n b) (reduce+bcast)
+                                                            recursive_doubling: L (a + n b)
+                                                            halving_doubling: 2 L a + 2(p-1)/p n b
+reduce-scatter (p-1) a + (p-1)/p n b                        recursive_doubling/halving_doubling:
+all-gather     (p-1) a + (p-1)/p n b                          L a + (p-1)/p n b
+                                                            tree (via a root): 2 L a + (L + (p-1)/p) n b
+broadcast      (L + p-1) a + 2(p-1)/p n b (scatter+ring)    tree / recursive_doubling: L (a + n b)
+                                                            halving_doubling: 2 L a + 2(p-1)/p n b
+send/recv      a + n b                                      (same)
+=============  ==========================================  ====================================
+
+with p = world_size, L = ceil(log2 p). Every collective costs 0 when p = 1.
+
+Emulated links (``emulate``, ``emulated_allreduce_hook``) live in ``labutils.emulation`` and
+are re-exported here: ``lu.costmodel.emulate("10GbE")``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+ALGORITHMS = ("ring", "tree", "recursive_doubling", "halving_doubling")
+
+
+# ---- the closed forms: each returns (number of alpha terms, bytes multiplier of beta) ----
+
+def _check(nbytes, world_size, algorithm):
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {algorithm!r}; use one of {', '.join(ALGORITHMS)}")
+    p = np.asarray(world_size)
+    if np.any(p < 1) or np.any(p != np.floor(p)):
+        raise ValueError(f"world_size must be an integer >= 1; got {world_size!r}")
+    if np.any(np.asarray(nbytes) < 0):
+        raise ValueError(f"nbytes must be >= 0 (a size in bytes); got {nbytes!r}")
+    return p.astype(float)
+
+
+def _log2(p):
+    return np.ceil(np.log2(p))
+
+
+def _terms(op, world_size, algorithm, nbytes=0):
+    """(alpha count, beta multiplier on nbytes) of ``op``; linear in alpha and beta."""
+    p = _check(nbytes, world_size, algorithm)
+    L, share = _log2(p), (p - 1) / p
+    if op == "allreduce":
+        table = {"ring": (2 * (p - 1), 2 * share), "tree": (2 * L, 2 * L),
+                 "recursive_doubling": (L, L), "halving_doubling": (2 * L, 2 * share)}
+    elif op in ("reduce_scatter", "all_gather"):
+        # tree: reduce (gather) to a root along a binomial tree, then scatter (broadcast)
+        table = {"ring": (p - 1, share), "tree": (2 * L, L + share),
+                 "recursive_doubling": (L, share), "halving_doubling": (L, share)}
+    elif op == "broadcast":
+        table = {"ring": (L + p - 1, 2 * share), "tree": (L, L),
+                 "recursive_doubling": (L, L), "halving_doubling": (2 * L, 2 * share)}
+    elif op == "send_recv":
+        one = np.ones_like(p)
+        return one, one
+    else:
+        raise ValueError(f"unknown collective {op!r}")
+    a, b = table[algorithm]
+    return np.where(p > 1, a, 0.0), np.where(p > 1, b, 0.0)
+
+
+def _time(op, nbytes, world_size, alpha, beta, algorithm):
+    a, b = _terms(op, world_size, algorithm, nbytes)
+    t = a * alpha + b * np.asarray(nbytes, dtype=float) * beta
+    return float(t) if np.ndim(t) == 0 else t
+
+
+def allreduce_time(nbytes, world_size, alpha, beta, algorithm="ring"):
+    """Seconds for an all-reduce of ``nbytes`` per rank over ``world_size`` ranks."""
+    return _time("allreduce", nbytes, world_size, alpha, beta, algorithm)
+
+
+def reduce_scatter_time(nbytes, world_size, alpha, beta, algorithm="ring"):
+    """Seconds for a reduce-scatter whose full input is ``nbytes`` (each rank keeps 1/p)."""
+    return _time("reduce_scatter", nbytes, world_size, alpha, beta, algorithm)
+
+
+def all_gather_time(nbytes, world_size, alpha, beta, algorithm="ring"):
+    """Seconds for an all-gather whose full output is ``nbytes`` (each rank brings 1/p)."""
+    return _time("all_gather", nbytes, world_size, alpha, beta, algorithm)
+
+
+def broadcast_time(nbytes, world_size, alpha, beta, algorithm="ring"):
+    """Seconds to broadcast ``nbytes`` from one rank to ``world_size - 1`` others."""
+    return _time("broadcast", nbytes, world_size, alpha, beta, algorithm)
+
+
+def send_recv_time(nbytes, world_size, alpha, beta, algorithm="ring"):
+    """Seconds for one point-to-point message of ``nbytes``: alpha + n beta (any world size)."""
+    return _time("send_recv", nbytes, np.maximum(2, world_size), alpha, beta, algorithm)
+
+
+COLLECTIVES = {"allreduce": allreduce_time, "all_reduce": allreduce_time,
+               "reduce_scatter": reduce_scatter_time, "all_gather": all_gather_time,
+               "broadcast": broadcast_time, "send_recv": send_recv_time}
+
+
+def collective_time(op, nbytes, world_size, alpha, beta, algorithm="ring"):
+    """Seconds for collective ``op`` (a key of ``COLLECTIVES``)."""
+    if op not in COLLECTIVES:
+        raise ValueError(f"unknown collective {op!r}; use one of {', '.join(COLLECTIVES)}")
+    return COLLECTIVES[op](nbytes, world_size, alpha, beta, algorithm)
+
+
+# ---- fitting alpha and beta to measurements ------------------------------------------------
+
+def _seconds(values):
+    """Accept floats or ``lu.timing.Stats`` (their median is used)."""
+    return np.array([getattr(v, "median", v) for v in values], dtype=float)
+
+
+def fit(nbytes, seconds, world_size, algorithm="ring", op="allreduce", relative=True):
+    """Least-squares ``(alpha, beta)`` (seconds, seconds per byte) from measured times.
+
+    ``nbytes`` and ``seconds`` are sequences of equal length (``seconds`` may hold
+    ``lu.timing.Stats``; their medians are used); ``world_size`` is one int or one per point.
+    The model ``t = A(p) alpha + B(p) n beta`` is linear in (alpha, beta). With
+    ``relative=True`` each point is weighted by 1/t, i.e. relative errors are minimised: a
+    sweep from 1 KiB to 64 MiB spans five decades, and plain least squares would let the
+    largest message alone decide both parameters. Both are kept >= 0.
+    """
+    n = np.asarray(nbytes, dtype=float)
+    t = _seconds(seconds)
+    if n.shape != t.shape or n.ndim != 1 or len(n) < 2:
+        raise ValueError(f"fit needs two equal-length sequences of >= 2 points; got "
+                         f"{n.shape[0] if n.ndim else 'scalar'} sizes and "
+                         f"{t.shape[0] if t.ndim else 'scalar'} times")
+    if np.any(t <= 0):
+        raise ValueError("measured seconds must be > 0")
+    p = np.broadcast_to(np.asarray(world_size), n.shape)
+    if np.all(p == 1):
+        raise ValueError("world_size=1 has no communication to fit; measure with >= 2 ranks")
+    a, b = _terms(op, p, algorithm, n)
+    X = np.stack([a, b * n], axis=1)
+    w = 1.0 / t if relative else np.ones_like(t)
+    coef = np.linalg.lstsq(X * w[:, None], t * w, rcond=None)[0]
+    if coef[0] < 0 or coef[1] < 0:  # refit the one parameter the data supports
+        cands = []
+        for j in (0, 1):
+            c = np.zeros(2)
+            xj = X[:, j] * w
+            c[j] = max(0.0, float(xj @ (t * w) / (xj @ xj))) if xj @ xj > 0 else 0.0
+            cands.append((float(np.sum(((X @ c - t) * w) ** 2)), c))
+        coef = min(cands, key=lambda x: x[0])[1]
+    return float(coef[0]), float(coef[1])
+
+
+def bandwidth(beta):
+    """Bytes per second of a link whose inverse bandwidth is ``beta`` (s/B)."""
+    return math.inf if beta == 0 else 1.0 / beta
+
+
+# ---- named links ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Link:
+    """A network tier: ``bandwidth`` in bytes/s per direction, ``latency`` in s per message."""
+    name: str
+    bandwidth: float
+    latency: float
+    note: str = ""
+
+    @property
+    def alpha(self):
+        return self.latency
+
+    @property
+    def beta(self):
+        return 1.0 / self.bandwidth
+
+
+# Line rates are the standards' (1 Gb/s = 125e6 B/s); latencies are typical small-message
+# figures for the stack named (assumed round numbers, not measured here).
+LINKS = {link.name: link for link in (
+    Link("1GbE", 125e6, 50e-6, "Gigabit Ethernet, TCP"),
+    Link("10GbE", 1.25e9, 20e-6, "10 Gigabit Ethernet, TCP"),
+    Link("25GbE", 3.125e9, 10e-6, "25 Gigabit Ethernet, TCP"),
+    Link("100Gb-IB", 12.5e9, 5e-6, "EDR InfiniBand, one adapter"),
+    Link("200Gb-IB", 25e9, 5e-6, "HDR InfiniBand, one adapter per GPU (DGX A100)"),
+    Link("PCIe4", 25e9, 5e-6, "PCIe 4.0 x16, GPU to GPU through the host"),
+    Link("NVLink-V100", 150e9, 3e-6, "V100 NVLink2/NVSwitch, 150 GB/s each way"),
+    Link("NVLink", 300e9, 3e-6, "A100 NVLink3/NVSwitch, 300 GB/s each way"),
+)}
+
+
+def get_link(link):
+    """A ``Link`` from a name in ``LINKS``, a ``Link``, or an ``(alpha, beta)`` pair."""
+    if isinstance(link, Link):
+        return link
+    if isinstance(link, str):
+        if link not in LINKS:
+            raise ValueError(f"unknown link {link!r}; use one of {', '.join(LINKS)}, a "
+                             f"costmodel.Link(name, bandwidth, latency) or an (alpha, beta) pair")
+        return LINKS[link]
+    if isinstance(link, (tuple, list)) and len(link) == 2:
+        alpha, beta = (float(x) for x in link)
+        if alpha < 0 or beta <= 0:
+            raise ValueError(f"(alpha, beta) must have alpha >= 0 and beta > 0; got {link!r}")
+        return Link(f"fitted ({alpha * 1e6:.3g} us, {1e-9 / beta:.3g} GB/s)", 1 / beta, alpha)
+    raise TypeError(f"link must be a name ({', '.join(LINKS)}), a Link or (alpha, beta); "
+                    f"got {link!r}")
+
+
+# ---- step-time models: compute + communication - overlap + pipeline bubble ---------------
+
+@dataclass(frozen=True)
+class StepTime:
+    """Seconds of one training step, split the way a timeline shows it."""
+    compute: float          # arithmetic on this device
+    comm: float             # communication, all of it
+    exposed_comm: float     # the part of ``comm`` not hidden behind compute
+    bubble: float = 0.0     # pipeline fill and drain: the device waits
+
+    @property
+    def total(self):
+        return self.compute + self.exposed_comm + self.bubble
+
+
+def _link_ab(link):
+    link = get_link(link)
+    return link.alpha, link.beta
+
+
+def _overlapped(compute, comm, overlap, backward_share=2 / 3):
+    """Communication launched during backward can hide behind it, at most ``overlap`` of it."""
+    if not 0.0 <= overlap <= 1.0:
+        raise ValueError(f"overlap is a fraction in [0, 1]; got {overlap!r}")
+    return comm - min(comm, overlap * backward_share * compute)
+
+
+def data_parallel_step(compute_s, grad_bytes, world_size, link, overlap=0.0, num_buckets=1,
+                       algorithm="ring"):
+    """DDP: each rank computes ``compute_s`` then all-reduces ``grad_bytes`` in buckets.
+
+    Each bucket pays its own latency terms. With ``overlap=1`` buckets travel during backward
+    (taken as 2/3 of compute), one after another as they fill (Li et al. 2020): the first can
+    only leave once 1/num_buckets of backward has run, and the last is filled when backward
+    ends, so at least one bucket's all-reduce is always exposed. One bucket hides nothing.
+    """
+    alpha, beta = _link_ab(link)
+    b = int(num_buckets)
+    if b < 1:
+        raise ValueError(f"num_buckets must be >= 1; got {num_buckets!r}")
+    comm = b * allreduce_time(grad_bytes / b, world_size, alpha, beta, algorithm)
+    window = compute_s * (1 - 1 / b)          # backward after the first bucket has filled
+    exposed = max(comm / b, _overlapped(window, comm, overlap))
+    return StepTime(compute_s, comm, exposed)
+
+
+def pipeline_step(compute_s, num_stages, num_microbatches, activation_bytes, link):
+    """GPipe/1F1B: ``compute_s`` of the whole model on one device, cut into p equal stages.
+
+    Per micro-batch and stage: compute ``compute_s / (p m)`` plus two messages (activation
+    forward, its gradient backward) of ``alpha + n beta``. The schedule runs m + p - 1 such
+    slots, so the bubble share is (p-1)/(m+p-1), latency included.
+    """
+    p, m = int(num_stages), int(num_microbatches)
+    if p < 1 or m < 1:
+        raise ValueError(f"num_stages and num_microbatches must be >= 1; got {p}, {m}")
+    alpha, beta = _link_ab(link)
+    slot_compute = compute_s / (p * m)
+    slot_comm = 2 * send_recv_time(activation_bytes, 2, alpha, beta) if p > 1 else 0.0
+    slot = slot_compute + slot_comm
+    return StepTime(m * slot_compute, m * slot_comm, m * slot_comm, (p - 1) * slot)
+
+
+def bubble_fraction(num_stages, num_microbatches):
+    """Idle share of a GPipe/1F1B pipeline: (p-1)/(m+p-1)."""
+    return (num_stages - 1) / (num_microbatches + num_stages - 1)
+
+
+def tensor_parallel_step(compute_s, tp_world_size, num_layers, activation_bytes, link,
+                         algorithm="ring", recompute=False):
+    """Megatron TP: compute splits t ways; each layer all-reduces its activations 4 times
+    (2 forward: after attention and MLP; 2 backward: their input gradients), not overlapped;
+    6 times with activation recomputation, which repeats the forward pass."""
+    alpha, beta = _link_ab(link)
+    per_layer = 6 if recompute else 4
+    comm = per_layer * num_layers * allreduce_time(activation_bytes, tp_world_size, alpha, beta,
+                                                   algorithm)
+    return StepTime(compute_s / tp_world_size, comm, comm)
+
+
+def zero_step(compute_s, num_params, world_size, stage, link, bytes_per_param=2, overlap=0.0,
+              algorithm="ring"):
+    """ZeRO/FSDP data parallelism: stages 0-2 move what an all-reduce moves (reduce-scatter of
+    gradients + all-gather of parameters); stage 3 gathers parameters again for backward:
+    1.5x (Rajbhandari et al. 2020, section 7)."""
+    if stage not in (0, 1, 2, 3):
+        raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3; got {stage!r}")
+    alpha, beta = _link_ab(link)
+    n = num_params * bytes_per_param
+    comm = (reduce_scatter_time(n, world_size, alpha, beta, algorithm)
+            + all_gather_time(n, world_size, alpha, beta, algorithm) * (2 if stage == 3 else 1))
+    return StepTime(compute_s, comm, _overlapped(compute_s, comm, overlap))
+
+
+def speedup(one_rank_s, step, world_size):
+    """Weak scaling: ``world_size`` ranks each do one rank's batch in ``step.total`` seconds,
+    where one rank alone takes ``one_rank_s``; the samples-per-second ratio."""
+    return world_size * one_rank_s / step.total
+
+
+# ---- the figures nccl-tests reports ----------------------------------------------------------
+
+def algorithm_bandwidth(nbytes, seconds):
+    """nccl-tests' algbw: the tensor's size over the time, bytes/s."""
+    return nbytes / seconds
+
+
+def bus_bandwidth(nbytes, seconds, world_size):
+    """nccl-tests' busbw for all-reduce, bytes/s: algbw * 2(p-1)/p, what each link carries under
+    a bandwidth-optimal algorithm, so it is comparable across world sizes."""
+    if world_size < 2:
+        raise ValueError("bus bandwidth needs world_size >= 2")
+    return algorithm_bandwidth(nbytes, seconds) * 2 * (world_size - 1) / world_size
+
+
+def ring_allreduce_time(nbytes, world_size, alpha, beta):
+    """Reference solution of the exercise: 2(p-1) alpha + 2(p-1)/p n beta."""
+    p = world_size
+    return 2 * (p - 1) * alpha + 2 * (p - 1) / p * nbytes * beta

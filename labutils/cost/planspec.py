@@ -1,0 +1,191 @@
+"""What the scaling planner plans for: the model (``Transformer``), the machine (``Hardware``)
+and how the GPUs are used (``Layout``), plus the ZeRO model-state formula. ``labutils.planner``
+predicts step time and memory from them (and re-exports every name here).
+
+``Transformer`` covers today's decoder-only LLMs: FFN width, grouped-query attention, tied or
+untied embeddings, gated (SwiGLU) MLPs; its parameter and FLOP counts are exact for the
+architecture its docstring describes (tests instantiate one and count).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from labutils.cost import costmodel as cm
+
+BYTES_PER_PARAM = 16  # fp16 weights 2 + fp16 grads 2 + fp32 weights, momentum, variance 12
+RECOMPUTE = ("none", "selective", "full")
+
+
+def zero_memory_per_gpu(num_params, world_size, stage):
+    """Bytes of model state per GPU under ZeRO ``stage`` (0 = plain data parallelism)."""
+    if stage not in (0, 1, 2, 3):
+        raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3; got {stage!r}")
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1; got {world_size!r}")
+    psi, nd = float(num_params), world_size
+    weights, grads, optim = 2 * psi, 2 * psi, 12 * psi
+    if stage >= 1:
+        optim /= nd
+    if stage >= 2:
+        grads /= nd
+    if stage >= 3:
+        weights /= nd
+    return weights + grads + optim
+
+
+@dataclass(frozen=True)
+class Transformer:
+    """A decoder-only transformer, counted as built: token (and learned position) embeddings;
+    per layer two LayerNorms (weight and bias), Q/K/V and output projections with biases,
+    an MLP with biases (``gated_mlp``: gate, up and down projections, as SwiGLU); a final
+    LayerNorm; logits through the embedding (``tied_embeddings``) or their own matrix.
+    ``ffn_hidden`` defaults to 4 x hidden, ``num_kv_heads`` to ``num_heads`` (no GQA)."""
+    num_layers: int
+    hidden: int
+    num_heads: int
+    seq_len: int = 2048
+    vocab: int = 51200
+    ffn_hidden: int | None = None
+    num_kv_heads: int | None = None
+    tied_embeddings: bool = True
+    gated_mlp: bool = False
+
+    @property
+    def ffn(self):
+        return self.ffn_hidden or 4 * self.hidden
+
+    @property
+    def kv_hidden(self):
+        """Width of K (and of V): KV heads x head size."""
+        return (self.num_kv_heads or self.num_heads) * (self.hidden // self.num_heads)
+
+    @property
+    def layer_params(self):
+        h, f, kv = self.hidden, self.ffn, self.kv_hidden
+        attention = h * (h + 2 * kv) + (h + 2 * kv) + h * h + h
+        mlp = 3 * h * f + 2 * f + h if self.gated_mlp else 2 * h * f + f + h
+        return attention + mlp + 4 * h                      # + two LayerNorms
+
+    @property
+    def embedding_params(self):
+        return self.vocab * self.hidden + self.seq_len * self.hidden
+
+    @property
+    def num_params(self):
+        head = 0 if self.tied_embeddings else self.vocab * self.hidden
+        return (self.num_layers * self.layer_params + self.embedding_params + 2 * self.hidden
+                + head)
+
+    def layer_flops(self, tokens, seq_len=None):
+        """Forward FLOPs of one layer on ``tokens`` tokens of sequences of ``seq_len``: the
+        matmuls, 2 FLOPs per multiply-add (attention scores and values included, dense)."""
+        h, f, kv, s = self.hidden, self.ffn, self.kv_hidden, seq_len or self.seq_len
+        mlp = (3 if self.gated_mlp else 2) * 2 * tokens * h * f
+        return 2 * tokens * h * (h + 2 * kv) + 2 * tokens * h * h + mlp + self.attention_flops(
+            tokens, s)
+
+    def attention_flops(self, tokens, seq_len=None):
+        """Forward FLOPs of one layer's scores and weighted values: 4 x tokens x s x h."""
+        return 4 * tokens * (seq_len or self.seq_len) * self.hidden
+
+    def logits_flops(self, tokens):
+        return 2 * tokens * self.hidden * self.vocab
+
+    def iteration_flops(self, batch_size, recompute=True):
+        """FLOPs of one iteration of ``batch_size`` sequences: forward + backward (3 x the
+        forward) and what ``recompute`` repeats ("full": every layer's forward again, so the
+        96 B s l h^2 (1 + s/6h + V/16lh) of Narayanan et al. 2021, eq. 3; "selective": the
+        attention scores). ``recompute=False``/"none" gives model FLOPs."""
+        mode = recompute_mode(recompute)
+        tokens = batch_size * self.seq_len
+        layer, logits = self.layer_flops(tokens), self.logits_flops(tokens)
+        total = 3 * (self.num_layers * layer + logits)
+        if mode == "full":
+            total += self.num_layers * layer
+        elif mode == "selective":
+            total += self.num_layers * self.attention_flops(tokens)
+        return total
+
+
+def recompute_mode(recompute):
+    """True -> "full", False -> "none"; or one of "none", "selective", "full"."""
+    if recompute is True or recompute is False:
+        return "full" if recompute else "none"
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute must be True, False or one of {RECOMPUTE}; got {recompute!r}")
+    return recompute
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """A GPU and its two network tiers: ``intra`` inside a node, ``inter`` between nodes.
+    ``efficiency``: the default fraction of ``peak_flops`` that dense training arithmetic
+    reaches (see ``HARDWARE`` for where each value comes from)."""
+    name: str
+    peak_flops: float        # dense bf16/fp16 FLOP/s of one GPU (datasheet)
+    memory: float            # bytes of one GPU (datasheet)
+    gpus_per_node: int
+    intra: cm.Link
+    inter: cm.Link           # per GPU: a node's adapters shared among its GPUs
+    efficiency: float | None = None
+    hbm_bandwidth: float = 2.0e12    # bytes/s of the GPU's memory (datasheet)
+
+
+# Peaks, memory and links are datasheet values. The efficiencies are fitted, each to one
+# published run, and nothing else (labutils.published.FITS says which; tests re-derive them):
+# A100: Narayanan et al. 2021, Table 1, 145.6 B row; V100: Shoeybi et al. 2019's 1-GPU
+# baseline; H100: no H100 run is used for fitting: it takes the A100's value, so every
+# published H100 run is a held-out test of the planner.
+A100_EFFICIENCY = 0.6365
+V100_EFFICIENCY = 0.3548
+HARDWARE = {hw.name: hw for hw in (
+    Hardware("A100-80GB", 312e12, 80e9, 8, cm.LINKS["NVLink"], cm.LINKS["200Gb-IB"],
+             A100_EFFICIENCY, 2.039e12),
+    Hardware("A100-40GB", 312e12, 40e9, 8, cm.LINKS["NVLink"], cm.LINKS["200Gb-IB"],
+             A100_EFFICIENCY, 1.555e12),
+    # DGX-2H: 16 V100 on NVSwitch; 8 x 100 Gb/s adapters shared by 16 GPUs. Peak as implied
+    # by Shoeybi et al. ("39 TFLOP/s, 30% of peak").
+    Hardware("V100-DGX-2H", 130e12, 32e9, 16, cm.LINKS["NVLink-V100"],
+             cm.Link("8x100Gb-IB/16", 6.25e9, 5e-6, "DGX-2H: 8 EDR adapters, 16 GPUs"),
+             V100_EFFICIENCY, 0.9e12),
+    Hardware("H100-80GB", 989e12, 80e9, 8, cm.Link("NVLink4", 450e9, 3e-6, "H100 NVLink4"),
+             cm.Link("400Gb-IB", 50e9, 5e-6, "NDR InfiniBand, one adapter per GPU"),
+             A100_EFFICIENCY, 3.35e12),
+)}
+
+
+def get_hardware(hardware):
+    if isinstance(hardware, Hardware):
+        return hardware
+    if hardware not in HARDWARE:
+        raise ValueError(f"unknown hardware {hardware!r}; use one of {', '.join(HARDWARE)} "
+                         f"or a planner.Hardware(...)")
+    return HARDWARE[hardware]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the GPUs are used: dp x tp x pp x context_parallel GPUs, ZeRO stage, micro-batch
+    size; ``virtual_stages`` model chunks per pipeline rank (interleaved 1F1B);
+    ``sequence_parallel`` (Megatron: LayerNorm and dropout activations split over TP ranks);
+    ``stage_layers``: layers per pipeline rank (default: as even as possible, the first ranks
+    taking the remainder)."""
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    zero: int = 0
+    micro_batch: int = 1
+    virtual_stages: int = 1
+    sequence_parallel: bool = False
+    context_parallel: int = 1
+    stage_layers: tuple | None = None
+
+    @property
+    def world_size(self):
+        return self.dp * self.tp * self.pp * self.context_parallel
+
+    def layers_per_stage(self, num_layers):
+        if self.stage_layers is not None:
+            return tuple(self.stage_layers)
+        q, r = divmod(num_layers, self.pp)
+        return tuple(q + (i < r) for i in range(self.pp))

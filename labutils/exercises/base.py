@@ -1,0 +1,256 @@
+"""Exercise checkers: run the learner's function on real ranks and name the first difference.
+
+Used by the exercises at the end of every lab (first in ``04a_ddp_from_scratch``); each lab's
+module defines its ``check_<name>`` with :func:`run_check`, and ``lu.check_<name>(my_fn)`` finds
+it. A checker never raises for a wrong answer: it returns a :class:`CheckResult` whose text is
+one line (shown once as the cell's output), so a notebook that checks an unfilled stub stores no
+error and compares under nbval.
+
+A checker is three pieces::
+
+    def _average_gradients_harness(rank, world_size, learner_fn, seed):   # runs on every rank
+        ...build inputs from seed, compute the single-process reference...
+        return expected, got                                               # compared per rank
+
+    def check_average_gradients(learner_fn):
+        return run_check("average_gradients", learner_fn, _average_gradients_harness,
+                         make_cases(world_sizes=(2, 3, 4)))
+
+The worked example below (``average_gradients``, the core of DDP) is the one the tests use.
+"""
+from __future__ import annotations
+
+import math
+import random
+import re
+from dataclasses import dataclass, field
+
+import torch
+
+from labutils.core.launcher import LaunchTimeout, WorkerError, launch
+
+FILL_ME_IN = "fill in the lines marked # FILL ME IN"
+_RESERVED = {"world_size", "backend", "timeout", "threads_per_rank", "warn_oversubscription"}
+
+
+# ----------------------------------------------------------------------------------------
+# First difference, in words.
+
+def _num(x, digits=3):
+    """A number as the learner would write it: 6.0, 0.1, 3. Three significant digits: enough to
+    see a wrong answer, and the same on every CPU (the last digits of computed floats are not)."""
+    if isinstance(x, bool):
+        return str(x)
+    if isinstance(x, int):
+        return str(x)
+    x = float(x)
+    if math.isnan(x) or math.isinf(x):
+        return str(x)
+    return repr(float(f"{x:.{digits}g}"))
+
+
+def _expected_got(expected, got):
+    """'expected E, got G' with three significant digits, more only where three would print
+    two equal numbers for a difference the check still rejects."""
+    for digits in range(3, 10):
+        e, g = _num(expected, digits), _num(got, digits)
+        if e != g:
+            break
+    return f"expected {e}, got {g}"
+
+
+def _short(x, limit=60):
+    text = repr(x)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _kind(x):
+    if isinstance(x, torch.Tensor):
+        return f"a tensor of shape {list(x.shape)}"
+    if x is None:
+        return "None"
+    if isinstance(x, (list, tuple, dict)):
+        return f"a {type(x).__name__} of {len(x)} item{'s' * (len(x) != 1)}"
+    return f"{type(x).__name__} {_short(x)}"
+
+
+def _is_number(x):
+    return isinstance(x, (int, float)) or (hasattr(x, "dtype") and getattr(x, "shape", 1) == ()
+                                           and not isinstance(x, torch.Tensor))
+
+
+def _tensor_difference(expected, got, atol, rtol):
+    if list(expected.shape) != list(got.shape):
+        return f"shape: expected {list(expected.shape)}, got {list(got.shape)}"
+    if expected.dtype != got.dtype:
+        return f"dtype: expected {expected.dtype}, got {got.dtype}"
+    e, g = expected.detach().cpu(), got.detach().cpu()
+    if e.is_floating_point() or e.is_complex():
+        same = torch.isclose(g, e, rtol=rtol, atol=atol, equal_nan=True)
+    else:
+        same = g == e
+    if bool(same.all()):
+        return None
+    if e.dim() == 0:
+        return f"value: {_expected_got(e.item(), g.item())}"
+    index = [int(i) for i in (~same).nonzero()[0]]
+    where = tuple(index)
+    return f"element {index}: {_expected_got(e[where].item(), g[where].item())}"
+
+
+def first_difference(expected, got, *, atol=1e-5, rtol=1e-4):
+    """None when ``got`` equals ``expected`` (tensors within tolerance); else the first
+    difference in words, e.g. ``"key 'weight': element [2, 3]: expected 6.0, got 3.0"``."""
+    if type(expected).__module__ == "numpy" and hasattr(expected, "shape") and expected.shape:
+        expected = torch.as_tensor(expected)
+        if type(got).__module__ == "numpy" and hasattr(got, "shape"):
+            got = torch.as_tensor(got)
+    if isinstance(expected, torch.Tensor):
+        if not isinstance(got, torch.Tensor):
+            return f"expected {_kind(expected)}, got {_kind(got)}"
+        return _tensor_difference(expected, got, atol, rtol)
+    if isinstance(expected, dict):
+        if not isinstance(got, dict):
+            return f"expected {_kind(expected)}, got {_kind(got)}"
+        missing = [k for k in expected if k not in got]
+        if missing:
+            return f"missing key {missing[0]!r}"
+        extra = [k for k in got if k not in expected]
+        if extra:
+            return f"unexpected key {extra[0]!r}"
+        for key in expected:
+            diff = first_difference(expected[key], got[key], atol=atol, rtol=rtol)
+            if diff is not None:
+                return f"key {key!r}: {diff}"
+        return None
+    if isinstance(expected, (list, tuple)):
+        if not isinstance(got, (list, tuple)):
+            return f"expected {_kind(expected)}, got {_kind(got)}"
+        if len(expected) != len(got):
+            return f"length: expected {len(expected)} items, got {len(got)}"
+        for i, (e, g) in enumerate(zip(expected, got)):
+            diff = first_difference(e, g, atol=atol, rtol=rtol)
+            if diff is not None:
+                return f"item {i}: {diff}"
+        return None
+    if _is_number(expected) and not isinstance(expected, bool):
+        if isinstance(got, torch.Tensor) and got.dim() == 0:
+            got = got.item()
+        if not _is_number(got) or isinstance(got, bool):
+            return f"expected a number ({_num(expected)}), got {_kind(got)}"
+        e, g = float(expected), float(got)
+        if (math.isnan(e) and math.isnan(g)) or abs(g - e) <= atol + rtol * abs(e):
+            return None
+        return _expected_got(expected, got)
+    if expected != got:
+        return f"expected {_short(expected)}, got {_short(got)}"
+    return None
+
+
+# ----------------------------------------------------------------------------------------
+# Running a check.
+
+@dataclass(frozen=True)
+class CheckResult:
+    """The outcome of a check; shown (repr, str, notebook) as its one-line ``message``."""
+    passed: bool
+    message: str
+    case: dict | None = field(default=None)  # the failing case, None when all passed
+
+    def __str__(self):
+        return self.message
+
+    __repr__ = __str__
+
+    def _repr_pretty_(self, p, cycle):
+        p.text(self.message)
+
+
+def make_cases(world_sizes=(2, 3, 4), per_world_size=2, seed=0, **choices):
+    """Deterministic cases: for each world size, ``per_world_size`` cases, each with a
+    ``seed`` and one value drawn from every ``choices`` list (``n=[5, 7, 8]``)."""
+    rng = random.Random(seed)
+    cases = []
+    for world_size in world_sizes:
+        for _ in range(per_world_size):
+            case = {"world_size": world_size}
+            case.update({name: rng.choice(list(options)) for name, options in choices.items()})
+            case["seed"] = rng.randrange(10_000)
+            cases.append(case)
+    return cases
+
+
+def _describe_case(case):
+    return ", ".join(f"{k}={_short(v, 30)}" for k, v in case.items())
+
+
+def _validate(name, learner_fn, harness, cases):
+    if not callable(learner_fn):
+        raise TypeError(f"check_{name} needs your function itself, e.g. "
+                        f"lu.check_{name}(my_{name}) (no parentheses after it); got "
+                        f"{type(learner_fn).__name__}")
+    if not callable(harness):
+        raise TypeError(f"harness must be a function harness(rank, world_size, learner_fn, "
+                        f"**case); got {type(harness).__name__}")
+    if not cases:
+        raise ValueError("cases must be a non-empty list of dicts with a 'world_size' key")
+    for case in cases:
+        if not isinstance(case, dict) or not isinstance(case.get("world_size"), int):
+            raise ValueError(f"every case must be a dict with an int 'world_size'; got {case!r}")
+        clash = (set(case) & _RESERVED) - {"world_size"}
+        if clash:
+            raise ValueError(f"case keys {sorted(clash)} are lu.launch arguments; rename them")
+
+
+def _describe_error(e):
+    """'rank 1 raised ValueError: msg' from WorkerError's 'rank 1: ValueError: msg'."""
+    text = str(e).strip()
+    lines = text.splitlines()
+    text = "\n".join(lines[:6]) + ("\n..." if len(lines) > 6 else "")
+    m = re.match(r"rank (\d+): (\w+(?:\.\w+)*): (.*)\Z", text, re.S)
+    if m:
+        return f"rank {m.group(1)} raised {m.group(2)}: {m.group(3)}"
+    m = re.match(r"rank (\d+): (\w+(?:\.\w+)*)\Z", text)
+    if m:
+        return f"rank {m.group(1)} raised {m.group(2)}"
+    return text
+
+
+def _not_implemented(e):
+    return re.match(r"rank \d+: NotImplementedError\b", str(e)) is not None
+
+
+def run_check(name, learner_fn, harness, cases, *, timeout=20.0, atol=1e-5, rtol=1e-4):
+    """Run ``harness(rank, world_size, learner_fn, **case)`` on real ranks for each case; each
+    rank returns ``(expected, got)``. Stops at the first failing case. Never raises for a
+    wrong answer; returns a :class:`CheckResult`."""
+    _validate(name, learner_fn, harness, cases)
+    total = len(cases)
+    for number, case in enumerate(cases, 1):
+        kwargs = {k: v for k, v in case.items() if k != "world_size"}
+        where = f"[wrong] {name}: case {number} of {total} ({_describe_case(case)})"
+        try:
+            # 4 ranks on a 2-core laptop are fine for a correctness check; the warning would
+            # also put the machine's core count into the notebook's output.
+            pairs = launch(harness, learner_fn, world_size=case["world_size"], timeout=timeout,
+                           threads_per_rank=1, warn_oversubscription=False, **kwargs)
+        except LaunchTimeout as e:
+            stuck = str(e).split("still running: ", 1)[-1]
+            return CheckResult(False, f"{where}: did not finish in {timeout:g} s "
+                                      f"(deadlock?): {stuck}", case)
+        except WorkerError as e:
+            if _not_implemented(e):
+                return CheckResult(False, f"[to do] {name}: not implemented yet; {FILL_ME_IN}", case)
+            return CheckResult(False, f"{where}: {_describe_error(e)}", case)
+        for rank, (expected, got) in enumerate(pairs):
+            diff = first_difference(expected, got, atol=atol, rtol=rtol)
+            if diff is not None:
+                return CheckResult(False, f"{where}: rank {rank}, {diff}", case)
+    sizes = sorted({case["world_size"] for case in cases})
+    return CheckResult(True, f"[ok] {name}: {total} case{'s' * (total != 1)} passed "
+                             f"(world size{'s' * (len(sizes) != 1)} "
+                             f"{', '.join(map(str, sizes))})")
+
+
+# ----------------------------------------------------------------------------------------
+# Worked example: averaging gradients across ranks (the heart of data parallelism, lab 04a).

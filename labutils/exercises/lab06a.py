@@ -1,0 +1,50 @@
+"""Exercise checkers of lab 06a: the 1F1B order of one stage. Registered in ``labutils.course``; notebooks call
+them as ``lu.check_<name>``."""
+import torch
+import torch.distributed as dist
+
+from labutils.exercises.base import make_cases, run_check
+from labutils.parallel.model_parallel import boundary_shapes, split_model
+from labutils.parallel.pipeline import (
+    make_pipeline_mlp,
+    one_f_one_b_schedule,
+    pipeline_worker,
+    reference_train,
+    schedule_problem,
+)
+
+
+def _as_text(ops):
+    return [f"{op}{i}" for op, i in ops]
+
+
+def _one_f_one_b_harness(rank, world_size, learner_fn, seed, n_microbatches):
+    from functools import partial
+    ops = {s: list(learner_fn(s, world_size, n_microbatches)) for s in range(world_size)}
+    problems = {s: schedule_problem(ops[s], n_microbatches) for s in ops}
+    expected_order = _as_text(one_f_one_b_schedule(rank, world_size, n_microbatches))
+    if any(problems.values()):          # every rank sees it: none of them starts sending
+        dist.barrier()                  # no rank leaves while a peer is still connecting
+        stage, problem = next((s, p) for s, p in problems.items() if p)
+        return {"schedule": "valid"}, {"schedule": f"stage {stage}: {problem}"}  # no launch
+    model_fn = partial(make_pipeline_mlp, world_size + 1, 6, 5, 3, None, seed)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(2 * n_microbatches, 5, generator=g)
+    y = torch.randn(2 * n_microbatches, 3, generator=g)
+    reference = reference_train(model_fn, x, y)
+    shapes = boundary_shapes(split_model(model_fn(), world_size), x[:2])
+    got = pipeline_worker(rank, world_size, model_fn, x, y, shapes,
+                          schedule=lambda s, p, m: ops[s], n_microbatches=n_microbatches)
+    expected = {"gradients": {n: reference["grads"][n] for n in got["grads"]},
+                "order": expected_order}
+    return expected, {"gradients": got["grads"], "order": _as_text(ops[rank])}
+
+
+def check_one_f_one_b_schedule(learner_fn, *, timeout=20.0):
+    """Check ``learner_fn(stage, n_stages, n_microbatches) -> [("F", 0), ("B", 0), ...]``: run
+    it as the schedule of a real pipeline (gradients must equal one process's) and compare its
+    order with 1F1B's."""
+    cases = make_cases(world_sizes=(2, 3, 4), per_world_size=1, seed=6,
+                       n_microbatches=[2, 5, 6])
+    return run_check("one_f_one_b_schedule", learner_fn, _one_f_one_b_harness, cases,
+                     timeout=timeout)

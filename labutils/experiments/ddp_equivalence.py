@@ -1,0 +1,123 @@
+"""Every DDP version of 04a trained side by side with one process: a small model of mixed
+parameter sizes, its batches, the single-process reference and the data-parallel run."""
+import contextlib
+import os
+import sys
+
+import torch
+from torch import nn
+
+from labutils.core.rank import progress
+from labutils.parallel.ddp import BucketedDDP, HookedDDP, naive_allreduce_grads
+
+
+class MixedNet(nn.Module):
+    """Parameters from 1 to 16k numbers; ``aux`` is used only when ``use_aux`` is true."""
+
+    def __init__(self, d_in=16, hidden=64, d_out=4):
+        super().__init__()
+        self.embed = nn.Linear(d_in, hidden)         # 1024 + 64
+        self.scale = nn.Parameter(torch.ones(1))     # a single number
+        self.big = nn.Linear(hidden, 4 * hidden)     # 16384 + 256
+        self.head = nn.Linear(4 * hidden, d_out)     # 1024 + 4
+        self.aux = nn.Linear(hidden, d_out)          # skipped in some steps
+
+    def forward(self, x, use_aux=True):
+        h = torch.relu(self.embed(x)) * self.scale   # (B, hidden)
+        out = self.head(torch.relu(self.big(h)))     # (B, d_out)
+        return out + self.aux(h) if use_aux else out
+
+
+def make_batches(steps, batch_size, d_in=16, d_out=4, seed=0):
+    """Deterministic regression batches: a list of (X, y), the same in every process."""
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(batch_size, d_in, generator=g), torch.randn(batch_size, d_out, generator=g))
+            for _ in range(steps)]
+
+
+def uses_aux(step, rank=0, pattern="even"):
+    """Which steps use the ``aux`` branch: on even steps ("even"), or only on rank 0 ("rank0")."""
+    return step % 2 == 0 if pattern == "even" else rank == 0
+
+
+@contextlib.contextmanager
+def _silence_stderr(enabled=True):
+    """Send this process's file descriptor 2 (C++ warnings too) to /dev/null for a while."""
+    if not enabled:
+        yield
+        return
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def train_reference(steps=4, batch_size=12, seed=0, lr=0.1, aux_pattern="even", world_size=2):
+    """Single process, whole batch: the result every data-parallel version must reproduce."""
+    torch.manual_seed(seed)
+    model = MixedNet()
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    shard = batch_size // world_size
+    for step, (X, y) in enumerate(make_batches(steps, batch_size, seed=seed + 1)):
+        progress(step + 1, steps, "steps")  # rank 0 drives a panel's bar
+        opt.zero_grad()
+        if aux_pattern == "even":
+            loss = nn.functional.mse_loss(model(X, use_aux=uses_aux(step)), y)
+        else:  # the aux branch runs on rank 0's shard only: the mean of the per-shard losses
+            loss = sum(nn.functional.mse_loss(model(X[r * shard:(r + 1) * shard],
+                                                    use_aux=uses_aux(step, r, aux_pattern)),
+                                              y[r * shard:(r + 1) * shard])
+                       for r in range(world_size)) / world_size
+        loss.backward()
+        opt.step()
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def train_data_parallel(rank, world_size, version="bucketed", steps=4, batch_size=12, seed=0,
+                        lr=0.1, aux_pattern="even", bucket_cap_mb=0.02, sync=None):
+    """Train MixedNet on this rank's shard with one DDP version; return final weights and counts.
+
+    ``version``: "naive", "hooks", "bucketed", "torch" (``DistributedDataParallel``) or
+    "custom" with ``sync(model)`` called after backward (an exercise's learner function).
+    """
+    torch.manual_seed(seed)
+    model = MixedNet()
+    counts = {"allreduces": 0}
+    if version == "hooks":
+        wrapped = HookedDDP(model)
+    elif version == "bucketed":
+        wrapped = BucketedDDP(model, bucket_cap_mb=bucket_cap_mb, find_unused_parameters=True)
+    elif version == "torch":
+        wrapped = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb,
+                                                      find_unused_parameters=True)
+    else:
+        wrapped = model
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    shard = batch_size // world_size
+    # DDP's C++ side warns, with a timestamp, on each step that uses every parameter although
+    # find_unused_parameters=True; expected here, so it is kept out of the notebooks' output
+    with _silence_stderr(version == "torch"):
+        for step, (X, y) in enumerate(make_batches(steps, batch_size, seed=seed + 1)):
+            progress(step + 1, steps, "steps")  # rank 0 drives a panel's bar
+            X, y = X[rank * shard:(rank + 1) * shard], y[rank * shard:(rank + 1) * shard]
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(wrapped(X, use_aux=uses_aux(step, rank, aux_pattern)), y)
+            loss.backward()
+            if version == "naive":
+                naive_allreduce_grads(model)
+            elif version == "hooks":
+                counts["allreduces"] += len(wrapped.pending)
+                wrapped.wait()
+            elif version == "custom":
+                sync(model)
+            opt.step()
+    if version == "naive":
+        counts["allreduces"] = steps * (1 + len(list(model.parameters())))
+    elif version == "bucketed":
+        counts["allreduces"] = wrapped.num_allreduces
+    return {n: p.detach().clone() for n, p in model.named_parameters()}, counts

@@ -1,0 +1,191 @@
+"""Where a DDP step's time goes: bandwidths, scaling runs, per-rank timelines (04c, bench ddp).
+
+* ``bus_bandwidth``: the all-reduce figure nccl-tests reports, size / time * 2(p-1)/p, comparable
+  across world sizes and with the memory-copy bandwidth (``memcpy_bandwidth``);
+* ``allreduce_worker``: gloo vs the shared-memory all-reduce, interleaved, per message size;
+* ``ddp_step_worker``: seconds per DDP training step of the digits CNN (strong or weak scaling,
+  plain gloo or the shared-memory comm hook);
+* ``timeline_worker`` + ``plot_overlap``: forward, backward and each bucket's all-reduce as spans,
+  drawn on two lanes per rank (compute above, communication below) so overlap is visible;
+  ``lu.timeline.to_chrome_trace`` writes the same spans for Perfetto.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from labutils.core.rank import progress
+from labutils.core.timeline import Timeline
+from labutils.core.timing import Stats
+from labutils.data import models, workloads
+from labutils.experiments.ddp_equivalence import MixedNet
+from labutils.parallel.ddp import BucketedDDP, HookedDDP, naive_allreduce_grads
+from labutils.parallel.shm_allreduce import make_all_reduce, shm_allreduce_hook
+
+
+def memcpy_bandwidth(nbytes=64 << 20, repeats=5):
+    """Stats of bytes/s for one ``copy_`` of ``nbytes`` (read + write counted once, like a bus)."""
+    src, dst = torch.ones(nbytes // 4), torch.empty(nbytes // 4)
+    dst.copy_(src)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - t0)
+    return Stats.of([nbytes / t for t in times])
+
+
+def allreduce_worker(rank, world_size, sizes=(1 << 10, 1 << 20, 64 << 20), repeats=5):
+    """``{nbytes: {"gloo": Stats, "shm": Stats, "shm zero-copy": Stats}}`` in seconds, timed
+    interleaved per size. "shm" copies the tensor into the shared segment and back out;
+    "shm zero-copy" reduces a tensor that already lives there (``ShmAllReduce.buffer``)."""
+    out = {}
+    with make_all_reduce(buffer_bytes=max(sizes)) as shm:
+        for nbytes in sizes:
+            x = torch.ones(nbytes // 4)
+            in_shm = shm.buffer(nbytes // 4)
+            in_shm.fill_(1.0)
+            runs = {"gloo": lambda: dist.all_reduce(x), "shm": lambda: shm.all_reduce_(x),
+                    "shm zero-copy": lambda: shm.all_reduce_(in_shm)}
+            times = {k: [] for k in runs}
+            reps = repeats if nbytes >= 1 << 20 else repeats * 10
+            for i in range(reps + 1):
+                progress(i, reps, "repeats")  # rank 0 drives a panel's bar
+                for name, fn in runs.items():
+                    dist.barrier()
+                    t0 = time.perf_counter()
+                    fn()
+                    if i:  # the first round warms up (page faults, connections)
+                        times[name].append(time.perf_counter() - t0)
+            # a collective ends when its slowest rank ends: take the max over ranks
+            t = torch.tensor([times[k] for k in runs], dtype=torch.float64)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            out[nbytes] = {k: Stats.of(row.tolist()) for k, row in zip(runs, t)}
+    return out
+
+
+def ddp_step_worker(rank, world_size, batch_per_rank=64, steps=6, hook=None, width=1):
+    """Stats of seconds per DDP step of the digits CNN (``width`` x its channels), the first
+    step excluded. ``hook="shm"`` averages gradients through shared memory; ``hook="none"``
+    runs the same step under ``no_sync()``: no communication, the ceiling DDP can reach."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    wl = workloads.get("digits")
+    torch.manual_seed(0)
+    model = models.DigitsCNN(channels=16 * width, hidden=64 * width)
+    if world_size > 1:
+        model = DDP(model)
+    shm = None
+    if hook == "shm" and world_size > 1:
+        shm = make_all_reduce()
+        model.register_comm_hook(shm, shm_allreduce_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    X, y = wl.train_set
+    xb, yb = X[:batch_per_rank], y[:batch_per_rank]
+    if hook not in (None, "shm", "none"):
+        raise ValueError(f"hook must be None, 'shm' or 'none'; got {hook!r}")
+    local = model.no_sync if hook == "none" and world_size > 1 else contextlib.nullcontext
+    times = []
+    for i in range(steps + 1):
+        progress(i, steps, "steps")  # rank 0 drives a panel's bar
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        with local():
+            wl.loss_fn(model(xb), yb).backward()
+        opt.step()
+        if i:
+            times.append(time.perf_counter() - t0)
+    if shm is not None:
+        shm.close()
+    return Stats.of(times)
+
+
+def timeline_worker(rank, world_size, steps=3, bucket_cap_mb=0.1, width=4, batch_per_rank=64):
+    """Spans of ``steps`` training steps with ``lu.ddp.BucketedDDP``: forward, backward and one
+    ``allreduce`` span per bucket (launch to completion, recorded on gloo's thread)."""
+    tl = Timeline(rank)
+    wl = workloads.get("digits")
+    torch.manual_seed(0)
+    model = BucketedDDP(models.DigitsCNN(channels=16 * width, hidden=64 * width),
+                        bucket_cap_mb=bucket_cap_mb, timeline=tl)
+    X, y = wl.train_set
+    xb, yb = X[:batch_per_rank], y[:batch_per_rank]
+    for step in range(steps + 1):
+        progress(step, steps, "steps")  # rank 0 drives a panel's bar
+        if step == 1:
+            tl.spans.clear()  # the first step warms up
+        dist.barrier()
+        with tl.span("forward", label=f"{step}"):
+            loss = wl.loss_fn(model(xb), yb)
+        with tl.span("backward", label=f"{step}"):
+            loss.backward()   # ends after the queued wait: every bucket reduced
+    return list(tl.spans)
+
+
+def overlap_fraction(spans):
+    """Share of all-reduce time that ran while the same rank was in backward."""
+    total = hidden = 0.0
+    for s in spans:
+        if s.name != "allreduce":
+            continue
+        total += s.duration
+        for b in spans:
+            if b.rank == s.rank and b.name == "backward":
+                hidden += max(0.0, min(s.end, b.end) - max(s.start, b.start))
+    return hidden / total if total else 0.0
+
+
+# ---- python -m labutils.bench ddp ------------------------------------------------------------
+
+
+def time_versions(rank, world_size, hidden=256, batch_size=128, repeats=5, bucket_cap_mb=0.5,
+                  versions=("naive", "hooks", "bucketed", "torch")):
+    """Time one training step of every version, interleaved (A B C D A B C D ...), on MixedNet
+    of width ``hidden``. Returns ``{version: (Stats of seconds per step, all-reduces per step)}``."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    torch.manual_seed(0)
+    X = torch.randn(batch_size // world_size, 16)
+    y = torch.randn(batch_size // world_size, 4)
+    steps = {}
+    for v in versions:
+        model = MixedNet(hidden=hidden)
+        if v == "naive":
+            steps[v] = (model, lambda m=model: naive_allreduce_grads(m),
+                        [1 + len(list(model.parameters()))])
+        elif v == "hooks":
+            wrapped = HookedDDP(model)
+            steps[v] = (wrapped, wrapped.wait, [len(list(model.parameters()))])
+        elif v == "bucketed":
+            wrapped = BucketedDDP(model, bucket_cap_mb=bucket_cap_mb)
+            steps[v] = (wrapped, None, [len(wrapped.buckets)])
+        else:
+            wrapped = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb)
+            calls = [0]
+
+            def counting(state, bucket, calls=calls):
+                calls[0] += 1
+                return default_hooks.allreduce_hook(state, bucket)
+            wrapped.register_comm_hook(None, counting)
+            steps[v] = (wrapped, None, calls)
+    times = {v: [] for v in versions}
+    for i in range(repeats + 1):  # the first round warms up (and lets DDP rebuild buckets)
+        progress(i, repeats, "repeats")  # rank 0 drives a panel's bar
+        for v, (wrapped, finish, _) in steps.items():
+            dist.barrier()
+            t0 = time.perf_counter()
+            wrapped.zero_grad(set_to_none=True)
+            nn.functional.mse_loss(wrapped(X), y).backward()
+            if finish is not None:
+                finish()
+            if i > 0:
+                times[v].append(time.perf_counter() - t0)
+        if i == 0 and "torch" in steps:
+            steps["torch"][2][0] = 0  # count DDP's calls after its first step rebuilt buckets
+    per_step = {v: steps[v][2][0] / repeats if v == "torch" else steps[v][2][0]
+                for v in versions}
+    return {v: (Stats.of(times[v]), per_step[v]) for v in versions}

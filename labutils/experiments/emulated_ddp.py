@@ -1,0 +1,169 @@
+"""Data parallelism on emulated links (04c section 6, 07): speedup against link speed, and what
+buckets, overlap and compression win back.
+
+A 2-core laptop has no slow network, so its DDP runs look compute-bound. Here every gradient
+bucket of ``lu.ddp.BucketedDDP`` goes through ``lu.costmodel.emulated_allreduce_hook``: the real
+all-reduce runs (results unchanged), then the hook waits out the time the alpha-beta model
+gives for the link. Three ways of sending the same gradients are timed on each link, step by
+step interleaved so that machine noise hits them alike:
+
+* ``one bucket``: every gradient in one bucket, sent after backward has finished (no overlap);
+* ``buckets``: small buckets, each sent as soon as its gradients are ready, during backward;
+* ``buckets + bf16``: the same, the bucket cast to bfloat16 for the trip (half the bytes).
+
+A fourth model runs under ``no_sync``-style local gradients (no communication at all): the
+compute-only ceiling every speedup is measured against.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from labutils.core.launcher import launch
+from labutils.core.rank import progress
+from labutils.core.timing import Stats, slowest
+from labutils.cost import costmodel as cm
+from labutils.parallel.ddp import BucketedDDP
+
+# variant -> (bucket_cap_mb, dtype on the wire); 1e6 MB puts every gradient in one bucket
+VARIANTS = {
+    "one bucket": (1e6, None),
+    "buckets": (0.25, None),
+    "buckets + bf16": (0.25, torch.bfloat16),
+}
+NO_COMM = "no communication"
+
+
+def mlp(width=512, depth=4, classes=10, seed=0):
+    """The model every variant trains: ``depth`` square layers, so gradients arrive layer by
+    layer during backward (the last layer's first) and buckets have something to overlap."""
+    torch.manual_seed(seed)
+    layers = []
+    for _ in range(depth):
+        layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(width, classes))
+
+
+def make_variant(link, bucket_cap_mb, compress_dtype, width, depth):
+    """One replica: BucketedDDP whose buckets travel over the emulated ``link``."""
+    model = BucketedDDP(mlp(width, depth), bucket_cap_mb=bucket_cap_mb)
+    model.register_comm_hook(None, cm.emulated_allreduce_hook(link, compress_dtype=compress_dtype))
+    return model
+
+
+def link_name(link):
+    return cm.get_link(link).name
+
+
+def step_times(rank, world_size, links, variants=None, steps=4, width=512, depth=4, batch=256):
+    """Worker: seconds per training step (forward, backward, gradients averaged) of every
+    (link, variant), interleaved step by step; plus the compute-only ceiling.
+
+    Returns ``times`` {(link name, variant): [s, ...]}, ``grad_diff`` {(link, variant): max
+    |grad - grad of BucketedDDP with its plain all-reduce, no emulation|} (0.0 where emulation
+    and bucketing must change nothing), ``grad_bytes`` and ``num_buckets`` per variant.
+    """
+    variants = dict(VARIANTS if variants is None else variants)
+    runs = {}
+    for link in links:
+        for name, (cap, dtype) in variants.items():
+            runs[(link_name(link), name)] = make_variant(link, cap, dtype, width, depth)
+    runs[(None, NO_COMM)] = mlp(width, depth)   # gradients stay local: the ceiling
+    torch.manual_seed(1000 + rank)              # each rank its own batch
+    x, y = torch.randn(batch, width), torch.randint(10, (batch,))
+    times = {key: [] for key in runs}
+    for step in range(steps + 1):               # step 0 warms up
+        progress(step, steps, "steps")  # rank 0 drives a panel's bar
+        for key, model in runs.items():
+            model.zero_grad(set_to_none=True)
+            dist.barrier()                      # both ranks start each step together
+            t0 = time.perf_counter()
+            F.cross_entropy(model(x), y).backward()  # BucketedDDP: returns once averaged
+            if step:
+                times[key].append(time.perf_counter() - t0)
+    def flat_grad(model):
+        return torch.cat([p.grad.flatten() for p in model.parameters()])
+    # the reference: BucketedDDP's own all-reduce average, no link emulated
+    plain = BucketedDDP(mlp(width, depth))
+    F.cross_entropy(plain(x), y).backward()
+    reference = flat_grad(plain)
+    grad_diff = {key: (flat_grad(model) - reference).abs().max().item()
+                 for key, model in runs.items() if key[1] != NO_COMM}
+    first = next(iter(runs.values()))
+    num_buckets = {name: len(runs[(link_name(links[0]), name)].buckets) for name in variants}
+    grad_bytes = sum(p.numel() * p.element_size() for p in first.parameters())
+    return dict(times=times, grad_diff=grad_diff, grad_bytes=grad_bytes, num_buckets=num_buckets)
+
+
+def run(links=("1GbE", "10GbE"), world_size=2, steps=4, width=512, depth=4, batch=256,
+        variants=None, floor=None, timeout=300.0):
+    """Launch ``step_times`` on real ranks; rows of measured and predicted speedup per
+    (link, variant). Raises if any fp32 variant's gradients differ from plain BucketedDDP's, or
+    bf16's by more than bf16 rounding: emulation changes time, never results.
+
+    ``floor``: this machine's fitted ``(alpha, beta)`` (see ``predict``)."""
+    variants = dict(VARIANTS if variants is None else variants)
+    out = launch(step_times, list(links), variants, steps, width, depth, batch,
+                    world_size=world_size, timeout=timeout)
+    check_gradients(out, variants)
+    # a step of the job ends when its slowest rank does: per step, the max over ranks
+    stats = {key: Stats.of(slowest([res["times"][key] for res in out]))
+             for key in out[0]["times"]}
+    compute = stats[(None, NO_COMM)]
+    res0 = out[0]
+    rows = []
+    for link in links:
+        for name, (cap, dtype) in variants.items():
+            step = stats[(link_name(link), name)]
+            rows.append(dict(
+                link=link_name(link), gbps=cm.get_link(link).bandwidth * 8e-9,
+                variant=name, step=step, compute=compute,
+                measured=world_size * compute.median / step.median,
+                predicted=predict(compute.median, res0["grad_bytes"], link, world_size,
+                                  res0["num_buckets"][name], overlap=name != "one bucket",
+                                  compressed=dtype is not None, floor=floor)))
+    return rows
+
+
+def check_gradients(per_rank, variants):
+    """Raise unless every fp32 variant's gradients equal plain BucketedDDP's exactly and every
+    compressed variant's are within bf16 rounding (1e-2): only time may change."""
+    for r, res in enumerate(per_rank):
+        for (link, name), diff in res["grad_diff"].items():
+            limit = 0.0 if variants[name][1] is None else 1e-2
+            if diff > limit:
+                raise AssertionError(f"rank {r}: {name} on {link} changed the gradients by "
+                                     f"{diff:.3g} (allowed {limit:g})")
+
+
+def predict(compute_s, grad_bytes, link, world_size, num_buckets, overlap, compressed,
+            floor=None):
+    """The cost model's speedup: compute plus the all-reduce time that backward cannot hide
+    (``cm.data_parallel_step`` on ``link``).
+
+    ``floor``: this machine's fitted ``(alpha, beta)``. The emulated link only adds waiting to
+    the real all-reduce, and the real one is CPU work on the very cores that run backward, so
+    overlap cannot hide it: the exposed time is at least the machine's own all-reduce.
+    """
+    nbytes = grad_bytes / 2 if compressed else grad_bytes
+    step = cm.data_parallel_step(compute_s, nbytes, world_size, link,
+                                 overlap=1.0 if overlap else 0.0, num_buckets=num_buckets)
+    exposed = step.exposed_comm
+    if floor is not None:
+        here = cm.data_parallel_step(compute_s, nbytes, world_size, tuple(floor),
+                                     num_buckets=num_buckets)
+        exposed = max(exposed, here.comm)
+    return world_size * compute_s / (compute_s + exposed)
+
+
+def table(rows):
+    """The rows as text: one line per (link, variant)."""
+    lines = [f"{'link':>9} {'variant':>15} {'step ms':>8} {'speedup':>8} {'model':>6}"]
+    for r in rows:
+        lines.append(f"{r['link']:>9} {r['variant']:>15} {r['step'].median * 1e3:8.1f} "
+                     f"{r['measured']:8.2f} {r['predicted']:6.2f}")
+    lines.append(f"compute only: {rows[0]['compute'].median * 1e3:.1f} ms per step")
+    return "\n".join(lines)

@@ -1,0 +1,81 @@
+"""Around PyTorch's DistributedDataParallel (04b): communication hooks and the bytes they send,
+and gradient accumulation with ``no_sync``.
+
+* ``register_hook(ddp_model, name)``: plain, fp16, bf16 or PowerSGD averaging, returning an
+  ``AllReduceBytes`` counter of what the rank hands to ``dist.all_reduce``;
+* ``accumulate_with_no_sync``: k micro-batches, one all-reduce round (the last backward).
+
+The script torchrun runs in 04b is ``labutils.parallel.checkpoint.train_script``.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+# ---- communication hooks and what they send (04b) --------------------------------------------
+
+def bf16_allreduce_hook(group, bucket):
+    """Average in bfloat16. PyTorch's ``bf16_compress_hook`` refuses CPU tensors, and DDP
+    refuses any hook of that *name* without CUDA and NCCL, hence another name."""
+    buffer = bucket.buffer()
+    compressed = buffer.to(torch.bfloat16).div_(dist.get_world_size(group))
+    fut = dist.all_reduce(compressed, group=group, async_op=True).get_future()
+
+    def decompress(f):
+        buffer.copy_(f.value()[0])
+        return buffer
+    return fut.then(decompress)
+
+
+class AllReduceBytes:
+    """``with counter:`` counts the bytes this rank hands to ``dist.all_reduce`` inside it."""
+
+    def __init__(self):
+        self.nbytes, self.calls = 0, 0
+
+    def __enter__(self):
+        self.original = dist.all_reduce
+
+        def counting(tensor, *args, **kwargs):
+            self.nbytes += tensor.numel() * tensor.element_size()
+            self.calls += 1
+            return self.original(tensor, *args, **kwargs)
+        dist.all_reduce = counting  # hooks call dist.all_reduce, also from their callbacks
+        return self
+
+    def __exit__(self, *exc):
+        dist.all_reduce = self.original
+
+
+HOOKS = (None, "fp16", "bf16", "powersgd")
+
+
+def register_hook(ddp_model, name):
+    """Register comm hook ``name`` (one of HOOKS) on a ``DistributedDataParallel`` model;
+    return an ``AllReduceBytes`` to wrap ``backward()`` with. ``None`` is plain all-reduce."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+    if name not in HOOKS:
+        raise ValueError(f"unknown comm hook {name!r}; use one of {HOOKS}")
+    if name is None:  # the built-in C++ all-reduce, in Python so its bytes can be counted
+        ddp_model.register_comm_hook(None, default_hooks.allreduce_hook)
+    elif name == "fp16":
+        ddp_model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif name == "bf16":
+        ddp_model.register_comm_hook(None, bf16_allreduce_hook)
+    else:  # rank-1 approximation after 10 plain steps, with error feedback (Vogels et al. 2019)
+        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1,
+                                            start_powerSGD_iter=10, min_compression_rate=2)
+        ddp_model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    return AllReduceBytes()
+
+
+# ---- gradient accumulation with no_sync (04b) ------------------------------------------------
+
+def accumulate_with_no_sync(ddp_model, micro_batches, loss_fn):
+    """Gradients of the mean loss over all micro-batches, with one all-reduce round (the last)."""
+    *first, last = micro_batches
+    with ddp_model.no_sync():  # backward only accumulates into .grad, no communication
+        for X, y in first:
+            (loss_fn(ddp_model(X), y) / len(micro_batches)).backward()
+    X, y = last
+    (loss_fn(ddp_model(X), y) / len(micro_batches)).backward()  # all-reduces the sum

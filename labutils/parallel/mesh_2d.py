@@ -1,0 +1,93 @@
+"""A 2-D layout (06c): data parallel x tensor parallel on one DeviceMesh, checked against one
+process."""
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from labutils.core.launcher import launch
+from labutils.parallel.tensor_parallel import (
+    MLP,
+    ParallelMLP,
+    TPLayout,
+    reference_shards,
+    validate_tp_config,
+)
+
+
+def _mlp_problem(hidden, batch, seq, seed):
+    torch.manual_seed(seed)
+    model = MLP(hidden)
+    generator = torch.Generator().manual_seed(seed + 1)
+    x = torch.randn(batch, seq, hidden, generator=generator)
+    target = torch.randn(batch, seq, hidden, generator=generator)
+    return model, x, target
+
+
+def mesh_2d_worker(rank, world_size, dp_size=2, tp_size=2, hidden=16, batch=8, seq=4,
+                   steps=3, lr=0.05, seed=0):
+    """Worker: a (dp, tp) DeviceMesh; the MLP is tensor-parallel (Megatron, ours) inside each
+    "tp" group, data-parallel across the "dp" groups (gradients all-reduced there)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (dp_size, tp_size), mesh_dim_names=("dp", "tp"))
+    dp_rank, tp_rank = mesh.get_local_rank("dp"), mesh.get_local_rank("tp")
+    dp_group = mesh.get_group("dp")
+    ref, x, target = _mlp_problem(hidden, batch, seq, seed)
+    model = ParallelMLP(ref, TPLayout(tp_rank, tp_size, group=mesh.get_group("tp")))
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    x, target = x.chunk(dp_size)[dp_rank], target.chunk(dp_size)[dp_rank]  # my data slice
+    losses = []
+    for _ in range(steps):
+        loss = F.mse_loss(model(x), target)
+        loss.backward()
+        for p in model.parameters():  # data parallel: average over the dp group only
+            dist.all_reduce(p.grad, group=dp_group)
+            p.grad.div_(dp_size)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.detach())
+    losses = torch.stack(losses)
+    dist.all_reduce(losses, group=dp_group)
+    return {"dp_rank": dp_rank, "tp_rank": tp_rank, "losses": losses / dp_size,
+            "params": {n: p.detach() for n, p in model.named_parameters()}}
+
+
+def mlp_train_single(hidden=16, batch=8, seq=4, steps=3, lr=0.05, seed=0):
+    """Single-process reference for the 2-D layout: the whole batch, SGD."""
+    model, x, target = _mlp_problem(hidden, batch, seq, seed)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = []
+    for _ in range(steps):
+        loss = F.mse_loss(model(x), target)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.detach())
+    return {"losses": torch.stack(losses),
+            "params": {n: p.detach() for n, p in model.named_parameters()}}
+
+
+def run_mesh_2d(world_size=4, mesh_shape=(2, 2), hidden=16, batch=8, seq=4, steps=3, lr=0.05,
+                seed=0):
+    """Check the mesh, train on it, assert every rank equal to single-process training
+    (losses, and each rank's weight shards equal to the matching slices)."""
+    dp_size, tp_size = mesh_shape
+    if dp_size * tp_size != world_size:
+        raise ValueError(f"mesh {dp_size} x {tp_size} = {dp_size * tp_size} ranks but "
+                         f"world_size is {world_size}: the mesh must cover every rank once; "
+                         f"use a mesh_shape whose product is {world_size}")
+    validate_tp_config(hidden, None, tp_size)
+    if batch % dp_size:
+        raise ValueError(f"batch {batch} does not split over {dp_size} data-parallel ranks; "
+                         f"use a multiple of {dp_size}")
+    results = launch(mesh_2d_worker, dp_size, tp_size, hidden, batch, seq, steps, lr,
+                     seed, world_size=world_size, warn_oversubscription=False)
+    ref = mlp_train_single(hidden, batch, seq, steps, lr, seed)
+    for rank, res in enumerate(results):
+        torch.testing.assert_close(res["losses"], ref["losses"])
+        layout = TPLayout(res["tp_rank"], tp_size)
+        for name, p in res["params"].items():
+            torch.testing.assert_close(p, reference_shards(name, ref["params"][name], layout),
+                                       msg=lambda m: f"rank {rank} {name}: {m}")
+    return {"losses": ref["losses"], "coords": [(r["dp_rank"], r["tp_rank"]) for r in results],
+            "shapes": {n: tuple(p.shape) for n, p in results[0]["params"].items()}}

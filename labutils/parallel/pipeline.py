@@ -1,0 +1,374 @@
+"""Pipeline parallelism from send/recv: GPipe and 1F1B over a list of stages.
+
+Used by 06a_pipeline_parallel (and, for the idea of micro-batches, 05_model_parallel_principles).
+A schedule is a plain list of ("F", i) / ("B", i) operations per stage; one executor runs any
+schedule with blocking ``recv`` and non-blocking ``isend``, so a schedule whose dependencies are
+acyclic cannot deadlock. Gradients are accumulated over the micro-batches and checked against
+one process training on the whole batch. Below the executor: PyTorch's own
+``torch.distributed.pipelining`` on the same stages, measurements (bubble, memory), the exercise
+checker and the benchmark.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from labutils.core.launcher import launch
+from labutils.core.memory import measure_peak
+from labutils.core.rank import progress
+from labutils.core.timeline import Timeline, bubble_fraction, flatten
+from labutils.cost.costmodel import bubble_fraction as predicted_bubble  # (p-1)/(m+p-1)
+from labutils.parallel.model_parallel import (
+    StageLayout,
+    backward_from,
+    boundary_shapes,
+    make_mlp,
+    reference_step,
+    sgd_step,
+    split_model,
+    validate_sizes,
+)
+
+__all__ = ["gpipe_schedule", "one_f_one_b_schedule", "SCHEDULES", "predicted_bubble",
+           "Delay", "make_pipeline_mlp", "validate_config", "run_schedule", "pipeline_worker",
+           "run_pipeline", "reference_train"]
+
+
+# ---- schedules: the order of work on one stage ---------------------------------------------
+
+def gpipe_schedule(stage, n_stages, n_microbatches):
+    """GPipe: every forward, then every backward (Huang et al. 2019)."""
+    return ([("F", i) for i in range(n_microbatches)]
+            + [("B", i) for i in range(n_microbatches)])
+
+
+def one_f_one_b_schedule(stage, n_stages, n_microbatches):
+    """1F1B (PipeDream-Flush, Narayanan et al. 2021): warm up, alternate, cool down.
+
+    Stage s runs p - s - 1 forwards before its first backward, so it never holds more than
+    p - s micro-batches' activations (GPipe holds all m).
+    """
+    warmup = min(n_stages - stage - 1, n_microbatches)
+    ops = [("F", i) for i in range(warmup)]
+    for i in range(n_microbatches - warmup):       # steady state: one forward, one backward
+        ops += [("F", warmup + i), ("B", i)]
+    ops += [("B", i) for i in range(n_microbatches - warmup, n_microbatches)]
+    return ops
+
+
+SCHEDULES = {"gpipe": gpipe_schedule, "1f1b": one_f_one_b_schedule}
+
+
+# ---- deliberate work, so a timeline on a noisy 2-core laptop shows the schedule ------------
+
+class _Sleep(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, forward_s, backward_s):
+        ctx.backward_s = backward_s
+        time.sleep(forward_s)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(ctx.backward_s)
+        return grad, None, None
+
+
+class Delay(nn.Module):
+    """Identity that sleeps ``ms_per_sample`` per sample forward and twice that backward.
+
+    Sleeping ranks leave the cores free, so 4 stages on 2 cores still run side by side: the
+    timeline shows the schedule, not core contention. Values and gradients are unchanged.
+    """
+
+    def __init__(self, ms_per_sample):
+        super().__init__()
+        self.ms_per_sample = float(ms_per_sample)
+
+    def forward(self, x):
+        if self.ms_per_sample <= 0:
+            return x
+        forward_s = self.ms_per_sample * x.shape[0] / 1e3
+        return _Sleep.apply(x, forward_s, 2 * forward_s)
+
+
+def make_pipeline_mlp(n_layers=8, width=32, in_features=16, out_features=4, layer_ms=None,
+                      seed=0):
+    """make_mlp's blocks, each followed by a Delay of ``layer_ms[i]`` ms per sample."""
+    model = make_mlp(n_layers, width, in_features, out_features, seed)
+    if layer_ms is not None:
+        if len(layer_ms) != n_layers:
+            raise ValueError(f"layer_ms needs one cost per layer ({n_layers}); got {len(layer_ms)}")
+        for block, ms in zip(model, layer_ms):
+            block.append(Delay(ms))
+    return model
+
+
+# ---- the executor ---------------------------------------------------------------------------
+
+def validate_config(n_layers, n_stages, batch_size, n_microbatches, schedule="1f1b", sizes=None):
+    """Refuse a bad pipeline before any process starts, saying what to change."""
+    if schedule not in SCHEDULES and not callable(schedule):
+        raise ValueError(f"unknown schedule {schedule!r}; use one of {', '.join(SCHEDULES)} "
+                         f"or a function (stage, n_stages, n_microbatches) -> ops")
+    if n_microbatches < 1:
+        raise ValueError(f"n_microbatches must be >= 1; got {n_microbatches}")
+    if batch_size % n_microbatches:
+        options = [d for d in range(1, batch_size + 1) if batch_size % d == 0]
+        raise ValueError(f"a batch of {batch_size} samples cannot be split into "
+                         f"{n_microbatches} equal micro-batches: use n_microbatches in "
+                         f"{options} or a batch size divisible by {n_microbatches}")
+    return validate_sizes(sizes, n_layers, n_stages)   # also: more stages than layers
+
+
+def received_before(prev_ops):
+    """{j: micro-batches whose gradient the previous stage has received before it runs F(j)}.
+
+    A gloo ``isend`` keeps its tensor until ``wait()``; ``is_completed()`` stays False until
+    then. Once activation j arrives from the previous stage, every gradient it took before F(j)
+    has surely arrived, so waiting on those sends returns at once and frees their memory.
+    """
+    done, release = set(), {}
+    for op, i in prev_ops:
+        if op == "B":
+            done.add(i)
+        else:
+            release[i] = set(done)
+    return release
+
+
+def run_schedule(ops, stage, layout, x_mbs, y_mbs, in_shape, tl, prev_ops=None,
+                 loss_fn=nn.functional.mse_loss):
+    """Run one stage's ops; gradients accumulate in ``stage``'s .grad over the micro-batches.
+
+    Returns (sum of micro-batch losses on the last stage, peak micro-batches held, peak bytes
+    of activations saved for backward). Tags are micro-batch indices, so a message can only
+    meet the recv it was meant for. ``prev_ops`` (the previous stage's schedule) lets sent
+    gradients be freed early (see ``received_before``).
+    """
+    m = len(x_mbs)
+    release = received_before(prev_ops) if prev_ops is not None else {}
+    params = {p.untyped_storage().data_ptr() for p in stage.parameters()}
+    inputs, outputs, saved = {}, {}, {}
+    sent_forward, sent_backward = {}, {}    # isend handles by micro-batch
+    total_loss, peak_held, peak_bytes = 0.0, 0, 0
+    for op, i in ops:
+        if op == "F":
+            if layout.pp_is_first_stage:
+                stage_input = x_mbs[i]
+            else:
+                stage_input = torch.empty(in_shape)
+                dist.recv(stage_input, src=layout.prev_rank, tag=i)
+                stage_input.requires_grad_()
+                for j in release.get(i, ()) & sent_backward.keys():
+                    sent_backward.pop(j).wait()
+            counted = {}
+
+            def pack(t, counted=counted):  # bytes autograd keeps until this micro-batch's B
+                st = t.untyped_storage()
+                if st.data_ptr() not in params:
+                    counted[st.data_ptr()] = st.nbytes()
+                return t
+
+            with tl.span("forward", label=i), \
+                    torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                out = stage(stage_input)
+                if layout.pp_is_last_stage:   # mean over the batch = sum of means / m
+                    out = loss_fn(out, y_mbs[i]) / m
+            if layout.pp_is_last_stage:
+                total_loss += out.item()
+            else:
+                sent_forward[i] = dist.isend(out.detach(), dst=layout.next_rank, tag=i)
+            inputs[i], outputs[i], saved[i] = stage_input, out, sum(counted.values())
+            peak_held = max(peak_held, len(outputs))
+            peak_bytes = max(peak_bytes, sum(saved.values()))
+        elif op == "B":
+            stage_input, out = inputs.pop(i), outputs.pop(i)
+            saved.pop(i)
+            if not layout.pp_is_last_stage:
+                grad_output = torch.empty_like(out)
+                dist.recv(grad_output, src=layout.next_rank, tag=i)
+                sent_forward.pop(i).wait()    # its gradient came back: it has arrived
+            with tl.span("backward", label=i):
+                if layout.pp_is_last_stage:
+                    out.backward()
+                else:
+                    backward_from(out, grad_output)
+            if not layout.pp_is_first_stage:
+                sent_backward[i] = dist.isend(stage_input.grad, dst=layout.prev_rank, tag=i)
+            del stage_input, out          # the graph of micro-batch i can go now
+        else:
+            raise ValueError(f"unknown op {op!r} in schedule; use 'F' or 'B'")
+    for work in [*sent_forward.values(), *sent_backward.values()]:
+        work.wait()                       # the tensors must stay alive until they are sent
+    return total_loss, peak_held, peak_bytes
+
+
+def pipeline_worker(rank, world_size, model_fn, x, y, shapes, schedule="1f1b", n_microbatches=4,
+                    sizes=None, steps=1, lr=0.05, measure_memory=False):
+    """Train ``steps`` SGD steps with a pipeline schedule; the last step is timed.
+
+    Returns a dict: ``losses`` (last stage), ``grads`` after the first step and ``params`` after
+    the last (by global name), ``spans`` of the last step, ``peak_microbatches`` and
+    ``peak_activation_bytes`` (saved for backward, most at any one time on this rank), and
+    with ``measure_memory`` the last step's measured ``peak_bytes`` (``lu.memory.measure_peak``).
+    """
+    layout = StageLayout(rank, world_size)
+    stage = split_model(model_fn(), world_size, sizes)[rank]
+    schedule_fn = SCHEDULES[schedule] if isinstance(schedule, str) else schedule
+    ops = schedule_fn(rank, world_size, n_microbatches)
+    prev_ops = None if layout.pp_is_first_stage else schedule_fn(rank - 1, world_size,
+                                                                 n_microbatches)
+    # clone: views of one batch would share its storage and blur the per-micro-batch bytes
+    x_mbs = [mb.clone() for mb in x.chunk(n_microbatches)]
+    y_mbs = [mb.clone() for mb in y.chunk(n_microbatches)]
+    in_shape = shapes[rank]
+    losses, grads, measured = [], None, None
+    for step in range(steps):
+        progress(step + 1, steps, "steps")  # rank 0 drives a panel's bar
+        tl = Timeline(rank)
+        dist.barrier()                 # every rank starts the step together
+        args = (ops, stage, layout, x_mbs, y_mbs, in_shape, tl, prev_ops)
+        if measure_memory and step == steps - 1:
+            (loss, peak_held, peak_bytes), measured = measure_peak(run_schedule, *args)
+        else:
+            loss, peak_held, peak_bytes = run_schedule(*args)
+        if grads is None:
+            grads = {n: p.grad.clone() for n, p in stage.named_parameters()}
+        losses.append(loss)
+        sgd_step(stage, lr)
+    return {"losses": losses if layout.pp_is_last_stage else [], "grads": grads,
+            "params": {n: p.detach().clone() for n, p in stage.named_parameters()},
+            "spans": tl.spans, "peak_microbatches": peak_held,
+            "peak_activation_bytes": peak_bytes, "peak_bytes": measured}
+
+
+def run_pipeline(model_fn, x, y, world_size=2, schedule="1f1b", n_microbatches=4, sizes=None,
+                 steps=1, lr=0.05, measure_memory=False, timeout=120.0):
+    """Validate, then launch one stage per rank; returns the per-rank result dicts."""
+    model = model_fn()
+    sizes = validate_config(len(model), world_size, x.shape[0], n_microbatches, schedule, sizes)
+    shapes = boundary_shapes(split_model(model, world_size, sizes), x[:x.shape[0] // n_microbatches])
+    return launch(pipeline_worker, model_fn, x, y, shapes, schedule=schedule,
+                  n_microbatches=n_microbatches, sizes=sizes, steps=steps, lr=lr,
+                  measure_memory=measure_memory, world_size=world_size, timeout=timeout)
+
+
+def reference_train(model_fn, x, y, steps=1, lr=0.05):
+    """One process, the whole batch at once: the numbers every pipeline must reproduce."""
+    return reference_step(model_fn, x, y, steps=steps, lr=lr)
+
+
+# ---- the same pipeline with torch.distributed.pipelining ----------------------------------
+
+def torch_pipeline_worker(rank, world_size, model_fn, x, y, schedules=("gpipe", "1f1b"),
+                          n_microbatches=4, sizes=None, steps=1, lr=0.05):
+    """PyTorch's ``PipelineStage`` + ``ScheduleGPipe`` / ``Schedule1F1B`` on our stages.
+
+    Several schedules run in one launch (each from a fresh model), because importing
+    ``torch.distributed.pipelining`` costs every new rank seconds. Returns {schedule: dict}.
+    """
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    out = {}
+    for schedule in schedules:
+        stage = split_model(model_fn(), world_size, sizes)[rank]
+        pipe_stage = PipelineStage(stage, rank, world_size, torch.device("cpu"))
+        schedule_cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule]
+        # scale_grads (the default) divides the summed micro-batch gradients by m: our loss / m
+        pipe = schedule_cls(pipe_stage, n_microbatches, loss_fn=nn.functional.mse_loss)
+        losses, grads = [], None
+        for _ in range(steps):
+            if rank == 0:
+                pipe.step(x)
+            elif rank == world_size - 1:
+                mb_losses = []
+                pipe.step(target=y, losses=mb_losses)
+                losses.append(float(sum(l.detach() for l in mb_losses)) / n_microbatches)
+            else:
+                pipe.step()
+            if grads is None:
+                grads = {n: p.grad.clone() for n, p in stage.named_parameters()}
+            sgd_step(stage, lr)
+        out[schedule] = {"losses": losses, "grads": grads,
+                         "params": {n: p.detach().clone() for n, p in stage.named_parameters()}}
+    return out
+
+
+def run_torch_pipeline(model_fn, x, y, world_size=2, schedules=("gpipe", "1f1b"),
+                       n_microbatches=4, sizes=None, steps=1, lr=0.05, timeout=180.0):
+    """Validate, then launch PyTorch's pipeline: {schedule: per-rank result dicts}."""
+    for schedule in schedules:
+        if schedule not in ("gpipe", "1f1b"):
+            raise ValueError(f"schedules may hold 'gpipe' and '1f1b'; got {schedule!r}")
+    sizes = validate_config(len(model_fn()), world_size, x.shape[0], n_microbatches, "gpipe", sizes)
+    per_rank = launch(torch_pipeline_worker, model_fn, x, y, schedules=tuple(schedules),
+                      n_microbatches=n_microbatches, sizes=sizes, steps=steps, lr=lr,
+                      world_size=world_size, timeout=timeout)
+    return {s: [r[s] for r in per_rank] for s in schedules}
+
+
+# ---- measurements shown in 06a: bubble, micro-batch sweep ---------------------------------
+
+def measured_bubble(results):
+    """Idle share of the last step's timeline over all ranks (``lu.timeline.bubble_fraction``)."""
+    return bubble_fraction(flatten([r["spans"] for r in results]))
+
+
+def makespan(results):
+    spans = flatten([r["spans"] for r in results])
+    return max(s.end for s in spans) - min(s.start for s in spans)
+
+
+def timed_pipeline(world_size=4, n_microbatches=4, schedule="1f1b", batch_size=32,
+                   ms_per_sample=0.25, layer_ms=None, sizes=None, n_layers=8, steps=2):
+    """A pipeline whose layers sleep ``ms_per_sample`` per sample (forward; 2x backward).
+
+    Equal deliberate work per layer makes a balanced pipeline whose bubble the formula should
+    predict. Returns the per-rank results (their ``spans`` are the last step's timeline).
+    """
+    from functools import partial
+    layer_ms = layer_ms if layer_ms is not None else [ms_per_sample] * n_layers
+    model_fn = partial(make_pipeline_mlp, len(layer_ms), 16, 8, 4, layer_ms)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(batch_size, 8, generator=g), torch.randn(batch_size, 4, generator=g)
+    return run_pipeline(model_fn, x, y, world_size=world_size, schedule=schedule,
+                        n_microbatches=n_microbatches, sizes=sizes, steps=steps)
+
+
+def microbatch_sweep(world_size=4, microbatches=(1, 2, 4, 8), schedule="1f1b", batch_size=32,
+                     ms_per_sample=0.25, n_layers=8):
+    """Measured vs predicted bubble and throughput for each number of micro-batches m.
+
+    The ideal step time of a balanced pipeline is (m + p - 1) slots of one micro-batch's
+    forward + backward on one stage: 3 * ms_per_sample * layers per stage * batch / m.
+    """
+    rows = []
+    for m in microbatches:
+        results = timed_pipeline(world_size, m, schedule, batch_size, ms_per_sample,
+                                 n_layers=n_layers)
+        slot = 3 * ms_per_sample / 1e3 * (n_layers / world_size) * batch_size / m
+        rows.append({"m": m, "measured_bubble": measured_bubble(results),
+                     "predicted_bubble": predicted_bubble(world_size, m),
+                     "measured_throughput": batch_size / makespan(results),
+                     "predicted_throughput": batch_size / ((m + world_size - 1) * slot)})
+    return rows
+
+
+# ---- exercise: write the 1F1B order of one stage ------------------------------------------
+
+
+def schedule_problem(ops, n_microbatches):
+    """None if every micro-batch has one F then one B; else what is wrong, in words."""
+    ops = [tuple(o) for o in ops]
+    for i in range(n_microbatches):
+        for op in "FB":
+            if ops.count((op, i)) != 1:
+                return f"{op}{i} appears {ops.count((op, i))} times"
+        if ops.index(("B", i)) < ops.index(("F", i)):
+            return f"B{i} before F{i}"
+    if len(ops) != 2 * n_microbatches:
+        return f"{len(ops)} ops, expected {2 * n_microbatches}"
+    return None

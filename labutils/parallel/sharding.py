@@ -1,0 +1,276 @@
+"""ZeRO stages 1, 2 and 3 from scratch on reduce-scatter and all-gather (Rajbhandari et al.,
+"ZeRO: Memory Optimizations Toward Training Trillion Parameter Models", SC 2020).
+
+Used by ``06c_sharding_and_memory``. Each of the ``world_size`` data-parallel ranks owns one
+equal slice (a *shard*) of every parameter, flattened and padded to a multiple of world_size:
+
+* stage 1 (P_os): every rank keeps full weights and full gradients; after backward the
+  gradients are reduce-scattered, each rank runs Adam on its shard only (1/N of the optimiser
+  state), and the updated shards are all-gathered back into the full weights.
+* stage 2 (P_os+g): the same, but each gradient is reduce-scattered the moment backward has
+  produced it (a post-accumulate-grad hook) and the full gradient is freed at once.
+* stage 3 (P_os+g+p): only shards of the weights exist; a layer all-gathers its weight just
+  before it is used, forward and again backward, and drops it right after.
+
+gloo on CPU runs ``reduce_scatter_single`` and ``all_gather_single`` (torch 2.13's names for
+``reduce_scatter_tensor`` / ``all_gather_into_tensor``), checked by ``tests/test_sharding.py``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from labutils.parallel.tensor_parallel import CommCounter
+
+# Volume in the paper's units: an all-reduce of n bytes is a reduce-scatter plus an
+# all-gather, each moving (N-1)/N * n per rank, so it counts twice (paper, section 7).
+VOLUME_FACTOR = {"all_reduce": 2, "reduce_scatter": 1, "all_gather": 1}
+
+
+@dataclass(frozen=True)
+class ShardLayout:
+    """This rank's place among the data-parallel ranks that share the model states."""
+    rank: int
+    world_size: int
+    group: object = None
+    counter: CommCounter | None = None
+
+
+def padded(numel, world_size):
+    """Smallest multiple of world_size >= numel: every shard has the same length."""
+    return -(-numel // world_size) * world_size
+
+
+def _count(layout, op, full):
+    if layout.counter is not None:
+        layout.counter.add(op, "step", full.numel() * full.element_size())
+
+
+def reduce_scatter_mean(full_flat, layout):
+    """(padded numel,) summed over ranks -> this rank's shard, divided by world size."""
+    _count(layout, "reduce_scatter", full_flat)
+    shard = torch.empty(full_flat.numel() // layout.world_size, dtype=full_flat.dtype)
+    dist.reduce_scatter_single(shard, full_flat, group=layout.group)
+    return shard.div_(layout.world_size)
+
+
+def all_gather_flat(shard, layout):
+    """This rank's shard -> the full (padded numel,) tensor, rank order."""
+    full = torch.empty(shard.numel() * layout.world_size, dtype=shard.dtype)
+    _count(layout, "all_gather", full)
+    dist.all_gather_single(full, shard.contiguous(), group=layout.group)
+    return full
+
+
+def flat_padded(tensor, world_size):
+    """``tensor`` flattened into a zero-padded buffer of ``padded(numel)`` elements (a view,
+    no copy, when numel already divides evenly)."""
+    if tensor.numel() % world_size == 0 and tensor.is_contiguous():
+        return tensor.view(-1)
+    flat = torch.zeros(padded(tensor.numel(), world_size), dtype=tensor.dtype)
+    flat[:tensor.numel()] = tensor.reshape(-1)
+    return flat
+
+
+# ---- plain data parallelism: the reference ------------------------------------------------
+
+class DataParallel:
+    """Full model and full Adam on every rank; gradients averaged with one all-reduce."""
+
+    def __init__(self, model, layout, lr):
+        self.model, self.layout = model, layout
+        self.opt = torch.optim.Adam(model.parameters(), lr=lr, foreach=False)
+
+    def step(self):
+        for p in self.model.parameters():
+            _count(self.layout, "all_reduce", p.grad)
+            dist.all_reduce(p.grad, group=self.layout.group)
+            p.grad.div_(self.layout.world_size)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+    def full_parameters(self):
+        return [p.detach().clone() for p in self.model.parameters()]
+
+
+# ---- stages 1 and 2 ---------------------------------------------------------------------
+
+class Zero12:
+    """ZeRO stage 1 or 2: full weights; Adam state (and with stage 2 gradients) sharded."""
+
+    def __init__(self, model, layout, lr, stage=1):
+        self.model, self.layout, self.stage = model, layout, stage
+        self.params = list(model.parameters())
+        self.flats, self.shards = [], []
+        for p in self.params:
+            # The weight lives in a padded flat buffer, so this rank's shard is a *view* of it:
+            # Adam updates the shard in place and no second copy of the weights exists.
+            flat = flat_padded(p.data, layout.world_size)
+            p.data = flat[:p.numel()].view_as(p)
+            self.flats.append(flat)
+            self.shards.append(nn.Parameter(flat.chunk(layout.world_size)[layout.rank]))
+        self.opt = torch.optim.Adam(self.shards, lr=lr, foreach=False)
+        if stage == 2:
+            for p, shard in zip(self.params, self.shards):
+                p.register_post_accumulate_grad_hook(
+                    lambda p, shard=shard: self._shard_gradient(p, shard))
+
+    def _shard_gradient(self, p, shard):
+        shard.grad = reduce_scatter_mean(flat_padded(p.grad, self.layout.world_size),
+                                         self.layout)
+        p.grad = None  # the full gradient is gone before backward reaches the next layer
+
+    def step(self):
+        if self.stage == 1:  # full gradients were kept through backward; shard them now
+            for p, shard in zip(self.params, self.shards):
+                self._shard_gradient(p, shard)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        for flat, shard in zip(self.flats, self.shards):
+            # all-gather the updated shards into the full weights (the shard is part of
+            # ``flat``, so send a copy: input and output of a collective must not overlap)
+            flat.copy_(all_gather_flat(shard.detach().clone(), self.layout))
+
+    def full_parameters(self):
+        return [p.detach().clone() for p in self.params]
+
+
+# ---- stage 3 ----------------------------------------------------------------------------
+
+class _GatheredLinear(torch.autograd.Function):
+    """y = x W^T + b where only shards of W and b are kept: gather, use, drop; in backward
+    gather W again and reduce-scatter the weight and bias gradients into shard gradients."""
+
+    @staticmethod
+    def forward(ctx, x, weight_shard, bias_shard, layer):
+        ctx.save_for_backward(x, weight_shard, bias_shard)
+        ctx.layer = layer
+        weight, bias = layer.gather()
+        return F.linear(x, weight, bias)  # weight and bias are freed on return
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        x, _, _ = ctx.saved_tensors
+        layer, layout = ctx.layer, ctx.layer.layout
+        weight, _ = layer.gather()
+        grad_y = grad_y.to(weight.dtype)  # under bf16 autocast: gradients kept in fp32
+        grad_x = grad_y @ weight
+        grad_w = grad_y.reshape(-1, grad_y.shape[-1]).T @ x.reshape(-1, x.shape[-1]).to(weight.dtype)
+        grad_b = grad_y.reshape(-1, grad_y.shape[-1]).sum(0)
+        return (grad_x.to(x.dtype),
+                reduce_scatter_mean(flat_padded(grad_w, layout.world_size), layout),
+                reduce_scatter_mean(flat_padded(grad_b, layout.world_size), layout), None)
+
+
+class Zero3Linear(nn.Module):
+    """An ``nn.Linear`` of which this rank keeps only 1/world_size of the weight and bias."""
+
+    def __init__(self, linear, layout):
+        super().__init__()
+        self.layout, self.weight_shape = layout, linear.weight.shape
+        chunk = lambda t: flat_padded(t.detach(), layout.world_size).chunk(  # noqa: E731
+            layout.world_size)[layout.rank].clone()
+        self.weight_shard = nn.Parameter(chunk(linear.weight))
+        self.bias_shard = nn.Parameter(chunk(linear.bias))
+
+    def gather(self):
+        n_w, n_b = self.weight_shape.numel(), self.weight_shape[0]
+        weight = all_gather_flat(self.weight_shard.detach(), self.layout)[:n_w]
+        bias = all_gather_flat(self.bias_shard.detach(), self.layout)[:n_b]
+        return weight.view(self.weight_shape), bias
+
+    def forward(self, x):
+        return _GatheredLinear.apply(x, self.weight_shard, self.bias_shard, self)
+
+
+class Zero3:
+    """ZeRO stage 3: every ``nn.Linear`` replaced by a ``Zero3Linear``; Adam on the shards."""
+
+    def __init__(self, model, layout, lr):
+        self.layout = layout
+        for name, child in list(model.named_children()):
+            if isinstance(child, nn.Linear):
+                setattr(model, name, Zero3Linear(child, layout))
+        self.model = model
+        self.opt = torch.optim.Adam(model.parameters(), lr=lr, foreach=False)
+
+    def step(self):
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+    def full_parameters(self):
+        out = []
+        for layer in self.model.children():
+            if isinstance(layer, Zero3Linear):
+                weight, bias = layer.gather()
+                out += [weight.clone(), bias.clone()]
+        return out
+
+
+def wrap(stage, model, layout, lr):
+    """Plain data parallelism (stage 0) or ZeRO stage 1, 2 or 3 around ``model``."""
+    if stage == 0:
+        return DataParallel(model, layout, lr)
+    if stage in (1, 2):
+        return Zero12(model, layout, lr, stage)
+    if stage == 3:
+        return Zero3(model, layout, lr)
+    raise ValueError(f"ZeRO stage must be 0 (plain data parallel), 1, 2 or 3; got {stage!r}")
+
+
+# ---- what the paper predicts --------------------------------------------------------------
+
+def zero_state_bytes(num_params, world_size, stage, weight_bytes=4, grad_bytes=4,
+                     optimizer_bytes=8):
+    """Model-state bytes per rank (paper, figure 1): weights, gradients and optimiser state,
+    the last sharded from stage 1, gradients from 2, weights from 3. Defaults: fp32 Adam
+    (momentum and variance, 8 bytes); mixed precision is (2, 2, 12)."""
+    psi, n = num_params, world_size
+    return (weight_bytes * psi / (n if stage >= 3 else 1)
+            + grad_bytes * psi / (n if stage >= 2 else 1)
+            + optimizer_bytes * psi / (n if stage >= 1 else 1))
+
+
+def zero_volume_formula(stage):
+    """Communication per step in units of one copy of the parameters (paper, section 7)."""
+    return 3.0 if stage == 3 else 2.0
+
+
+# ---- training on real ranks -------------------------------------------------------------
+
+
+class FSDP2:
+    """PyTorch's FSDP2: ``fully_shard`` on each Linear and on the root (CPU mesh, gloo)."""
+
+    def __init__(self, model, layout, lr):
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        mesh = init_device_mesh("cpu", (layout.world_size,))
+        for layer in model:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        self.model = fully_shard(model, mesh=mesh)
+        self.opt = torch.optim.Adam(model.parameters(), lr=lr, foreach=False)
+
+    def step(self):
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+    def full_parameters(self):
+        return [p.full_tensor().detach() for p in self.model.parameters()]
+
+
+def zero1_step(rank, world_size, flat, grad, shard, optimizer):
+    """Reference: ``flat`` (the full weights, padded) and ``grad`` (this rank's full local
+    gradient) are the same size; ``shard`` is this rank's slice of ``flat`` and the only
+    tensor ``optimizer`` knows. Update ``flat`` in place as data parallelism would."""
+    grad_shard = torch.empty_like(shard)
+    dist.reduce_scatter_single(grad_shard, grad)          # my slice, summed over ranks
+    shard.grad = grad_shard / world_size                  # the mean, as data parallelism
+    optimizer.step()                                      # state exists for my slice only
+    optimizer.zero_grad()
+    dist.all_gather_single(flat, shard.detach().clone())  # every rank gets every slice

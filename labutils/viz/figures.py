@@ -1,0 +1,142 @@
+"""The labs' own figures: collectives drawn rank by rank, all-reduce times with their fits,
+async SGD runs, a pipeline sweep, a memory breakdown, emulated-link speedups."""
+from labutils.core.memory import TERMS
+
+
+def _draw_ranks(ax, values, title):
+    import numpy as np
+    width = max(1, max(len(v) for v in values))
+    grid = np.full((len(values), width), np.nan)
+    for r, v in enumerate(values):
+        grid[r, :len(v)] = v
+    ax.imshow(grid, cmap="viridis", vmin=0, vmax=np.nanmax(np.abs(grid)) if np.any(
+        np.isfinite(grid)) else 1, aspect="auto")
+    for r, v in enumerate(values):
+        for i, val in enumerate(v):
+            ax.text(i, r, f"{val:g}", ha="center", va="center", color="white", fontsize=8)
+    ax.set_yticks(range(len(values)), [f"rank {r}" for r in range(len(values))], fontsize=7)
+    ax.set_xticks([])
+    ax.set_title(title, fontsize=9)
+
+
+def plot_collectives(results, columns=2):
+    """A grid: for each collective, every rank's tensor before (left) and after (right)."""
+    import matplotlib.pyplot as plt
+    names = list(results)
+    rows = -(-len(names) // columns)
+    fig, axes = plt.subplots(rows, 2 * columns, figsize=(3.2 * columns * 2, 1.7 * rows),
+                             squeeze=False)
+    for k, name in enumerate(names):
+        r, c = divmod(k, columns)
+        before, after = results[name]
+        _draw_ranks(axes[r][2 * c], before, f"{name}: before")
+        _draw_ranks(axes[r][2 * c + 1], after, f"{name}: after")
+    for k in range(len(names), rows * columns):
+        r, c = divmod(k, columns)
+        axes[r][2 * c].axis("off"), axes[r][2 * c + 1].axis("off")
+    fig.tight_layout()
+    return fig
+
+
+def plot_all_reduce_times(sizes, stats, world_size, fits=None, ax=None):
+    """Time (median, min-max bars) against bytes on log axes; ``fits``: {label: seconds}."""
+    import matplotlib.pyplot as plt
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 3.6))
+    for impl, st in stats.items():
+        med = [s.median for s in st]
+        err = [[m - s.min for m, s in zip(med, st)], [s.max - m for m, s in zip(med, st)]]
+        ax.errorbar(sizes, med, yerr=err, marker="o", capsize=3, label=f"{impl} (measured)")
+    for label, secs in (fits or {}).items():
+        ax.plot(sizes, secs, "--", label=label)
+    ax.set_xscale("log", base=2), ax.set_yscale("log")
+    ax.set_xlabel("message size (bytes)"), ax.set_ylabel("all-reduce time (s)")
+    ax.set_title(f"all-reduce on {world_size} ranks")
+    ax.legend(fontsize=8)
+    return ax
+
+
+def plot_runs(runs, axes=None):
+    """Loss against examples processed (left) and against wall time (right)."""
+    import matplotlib.pyplot as plt
+    if axes is None:
+        _, axes = plt.subplots(1, 2, figsize=(10, 3.4))
+    for run in runs:
+        axes[0].plot(run["examples"], run["loss"], marker=".", label=run["name"])
+        if "time" in run:
+            axes[1].plot(run["time"], run["loss"], marker=".", label=run["name"])
+    axes[0].set_xlabel("examples processed (all workers)")
+    axes[1].set_xlabel("wall time (s)")
+    for ax in axes:
+        ax.set_ylabel("training loss"), ax.legend(fontsize=8)
+    return axes
+
+
+def plot_sweep(rows, title=""):
+    """Two panels: bubble and throughput against m, measured (dots) vs predicted (line)."""
+    import matplotlib.pyplot as plt
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.2))
+    ms = [r["m"] for r in rows]
+    for ax, key, label in ((ax1, "bubble", "bubble fraction"),
+                           (ax2, "throughput", "throughput (samples/s)")):
+        ax.plot(ms, [r[f"predicted_{key}"] for r in rows], "-", label="predicted")
+        ax.plot(ms, [r[f"measured_{key}"] for r in rows], "o", label="measured")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("micro-batches m")
+        ax.set_ylabel(label)
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def plot_memory(estimates, measured=None, ax=None, unit=2 ** 20, unit_name="MiB"):
+    """Stacked bars of the formula's terms, one bar per label; measured peaks as markers.
+
+    ``estimates``: {label: model_memory dict}; ``measured``: {label: peak bytes} or None.
+    """
+    import matplotlib.pyplot as plt
+    if ax is None:
+        _, ax = plt.subplots(figsize=(1.6 + 1.4 * len(estimates), 3.2))
+    labels = list(estimates)
+    bottom = [0.0] * len(labels)
+    for term in TERMS:
+        vals = [estimates[k][term] / unit for k in labels]
+        ax.bar(labels, vals, bottom=bottom, label=term)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    if measured:
+        ax.scatter([k for k in labels if k in measured], [measured[k] / unit for k in labels
+                   if k in measured], color="black", marker="_", s=900, linewidths=2.5,
+                   label="measured peak", zorder=3)
+    ax.set_ylabel(unit_name)
+    ax.legend(fontsize=8)
+    return ax
+
+
+def plot_emulated_ddp(rows, ax=None, world_size=2):
+    """Speedup against link bandwidth: one colour per variant, measured points over the cost
+    model's lines, the ideal dotted."""
+    import matplotlib.pyplot as plt
+    ax = ax or plt.subplots(figsize=(6.5, 3.6))[1]
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    for i, name in enumerate(variants):
+        rs = [r for r in rows if r["variant"] == name]
+        gbps = [r["gbps"] for r in rs]
+        color = f"C{i}"
+        ax.plot(gbps, [r["predicted"] for r in rs], "-", color=color, alpha=0.6)
+        lo = [world_size * r["compute"].median / r["step"].max for r in rs]
+        hi = [world_size * r["compute"].median / r["step"].min for r in rs]
+        mid = [r["measured"] for r in rs]
+        ax.errorbar(gbps, mid, yerr=[[m - a for m, a in zip(mid, lo)],
+                                     [b - m for m, b in zip(mid, hi)]],
+                    fmt="o", color=color, capsize=3, label=name)
+    ax.axhline(world_size, color="gray", ls=":", label=f"ideal: {world_size} ranks")
+    ax.set_xscale("log")
+    ticks = dict((r["link"], r["gbps"]) for r in rows)
+    ax.set_xticks(list(ticks.values()), list(ticks))
+    ax.minorticks_off()
+    ax.set(xlabel="emulated link", ylabel="speedup over 1 rank",
+           title="DDP on emulated links: measured (points) and cost model (lines)",
+           ylim=(0, world_size * 1.1))
+    ax.legend(fontsize=8, loc="lower right")
+    return ax

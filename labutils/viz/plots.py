@@ -1,0 +1,112 @@
+"""Generic plots of measurements: bars and curves with error bars from ``lu.timing.Stats``.
+
+Used by 04a (step time per DDP version), 04b (bytes vs accuracy per comm hook), 04c (speedup and
+efficiency curves, bucket sweeps) and any lab that compares timings. Every figure shows the
+median with a bar from min to max, because one timing on a shared laptop means little.
+"""
+from __future__ import annotations
+
+from labutils.core.timing import Stats
+
+
+def _mid_err(values, scale=1.0):
+    """Medians and asymmetric (below, above) error lengths of Stats (or plain numbers)."""
+    mids, below, above = [], [], []
+    for v in values:
+        if isinstance(v, Stats):
+            mids.append(v.median * scale)
+            below.append((v.median - v.min) * scale)
+            above.append((v.max - v.median) * scale)
+        else:
+            mids.append(float(v) * scale)
+            below.append(0.0)
+            above.append(0.0)
+    return mids, [below, above]
+
+
+def _axes(ax, figsize=(6, 3.5)):
+    import matplotlib.pyplot as plt
+    if ax is None:
+        _, ax = plt.subplots(figsize=figsize)
+    return ax
+
+
+def plot_bars(values, ax=None, ylabel="", title="", scale=1.0, annotate="{:.3g}", color=None):
+    """Bar chart of ``{label: Stats or number}``: median bars with min-max whiskers."""
+    ax = _axes(ax)
+    labels = list(values)
+    mids, err = _mid_err(values.values(), scale)
+    ax.bar(range(len(labels)), mids, yerr=err, capsize=4, color=color or "tab:blue",
+           edgecolor="black", linewidth=0.5)
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels(labels, rotation=0 if len(labels) < 6 else 30)
+    if annotate:
+        for i, m in enumerate(mids):
+            ax.annotate(annotate.format(m), (i, m), ha="center", va="bottom", fontsize=8,
+                        xytext=(0, 2), textcoords="offset points")
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title)
+    return ax
+
+
+def plot_lines(x, series, ax=None, xlabel="", ylabel="", title="", scale=1.0, logx=False,
+               logy=False, ideal=None, markers="os^vD"):
+    """Curves ``{label: [Stats or number per x]}`` with min-max error bars; ``ideal`` adds a
+    dashed reference curve (a list of numbers, or a function of x)."""
+    ax = _axes(ax)
+    for i, (label, values) in enumerate(series.items()):
+        mids, err = _mid_err(values, scale)
+        ax.errorbar(x, mids, yerr=err, marker=markers[i % len(markers)], capsize=3, label=label)
+    if ideal is not None:
+        ys = [ideal(v) for v in x] if callable(ideal) else ideal
+        ax.plot(x, ys, "k--", linewidth=1, label="ideal")
+    if logx:
+        ax.set_xscale("log", base=2)
+    if logy:
+        ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return ax
+
+
+def speedup(times_by_world_size, baseline=1):
+    """``{world_size: Stats of time per unit of work}`` -> ``{world_size: Stats of speedup}``
+    relative to ``baseline`` (median over median; min/max from the extreme pairs)."""
+    base = times_by_world_size[baseline]
+    return {p: base / t for p, t in times_by_world_size.items()}
+
+
+def efficiency(speedups, baseline=1):
+    """Speedup divided by the number of ranks relative to the baseline (1.0 is perfect)."""
+    out = {}
+    for p, s in speedups.items():
+        k = p / baseline
+        out[p] = (Stats(s.median / k, s.min / k, s.max / k, tuple(v / k for v in s.values))
+                  if isinstance(s, Stats) else s / k)
+    return out
+
+
+def plot_scaling(times_by_world_size, ax=None, title="", weak=False):
+    """Speedup (strong scaling) or efficiency (weak scaling) against world size, with error
+    bars and the ideal line. ``times_by_world_size``: ``{p: Stats}`` of time per step."""
+    ps = sorted(times_by_world_size)
+    s = speedup(times_by_world_size, baseline=ps[0])
+    if weak:  # the work grows with p: ideal time stays flat, efficiency = t(1) / t(p)
+        return plot_lines(ps, {"efficiency": [s[p] for p in ps]}, ax=ax, xlabel="ranks",
+                          ylabel="efficiency  t(1)/t(p)", title=title, ideal=[1.0] * len(ps))
+    return plot_lines(ps, {"speedup": [s[p] for p in ps]}, ax=ax, xlabel="ranks",
+                      ylabel="speedup  t(1)/t(p)", title=title, ideal=lambda p: p / ps[0])
+
+
+def table(rows, header):
+    """Print rows as an aligned text table (numbers to 4 significant digits)."""
+    cells = [[f"{c:.4g}" if isinstance(c, float) else str(c) for c in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(header)]
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
+    for r in cells:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)))

@@ -1,0 +1,353 @@
+"""Knob panels: rerun a lab's main experiment with other settings, without touching the code.
+
+Every lab's main experiment gets one (first in ``01_introduction``)::
+
+    def run(world_size, n):               # the plain function the notebook also calls
+        return lu.launch(experiment, n, world_size=world_size)
+
+    panel = lu.widgets.panel(run, plot_fn, title="All-reduce", world_size=(1, 4), n=[8, 64])
+    panel                                 # sliders, Run, Stop, progress bar, plot
+
+Controls follow ``ipywidgets.interact``: ``(min, max[, step[, value]])`` is an int or float
+slider starting at its midpoint, ``[options]`` (or a dict) a dropdown, ``True``/``False`` a
+checkbox, a string a text box, an ipywidgets widget is used as is, ``ipywidgets.fixed(v)``
+passes ``v`` without a control.
+
+The controls open with the values the notebook's own run used: the function's defaults,
+overridden by ``values={...}`` (a value the control cannot show is refused, naming the fix).
+
+The run happens in a background thread so the kernel stays responsive: the Run button is
+disabled until it ends (a double click never starts two jobs); Stop, or JupyterLab's Stop
+(the kernel interrupt), ends every rank and shows "stopped: every rank was ended", also when
+pressed before the ranks started (the launch then starts nothing); rank output and rank 0's
+``lu.progress`` calls go to the panel (``launcher.output_to``); a new run clears the last one's
+result, error and status; an error shows as ``error: rank N: ExcType: message``. The panel's outputs are widget *state* (``Output.outputs``), so they work
+from a thread and can be tested without a browser. ``Panel.run(**overrides)`` runs it from
+code and returns the result (or raises).
+"""
+from __future__ import annotations
+
+import base64
+import inspect
+import io
+import math
+import threading
+import time
+
+import ipywidgets as W
+
+from labutils.core import launcher
+
+_LOG_LINES = 200  # rank output kept in the panel's log
+_CONTROL_HELP = ("use (min, max[, step[, value]]) for a slider, [options] for a dropdown, "
+                 "True/False for a checkbox, an ipywidgets widget, or ipywidgets.fixed(value)")
+
+
+def _is_number(x):
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _slider(name, spec):
+    if not 2 <= len(spec) <= 4 or not all(_is_number(x) for x in spec):
+        raise TypeError(f"control {name}={spec!r}: a slider is (min, max[, step[, value]]) "
+                        f"of numbers")
+    lo, hi = spec[0], spec[1]
+    ints = all(isinstance(x, int) for x in spec)
+    step = spec[2] if len(spec) > 2 else (1 if ints else (hi - lo) / 100)
+    if not lo < hi or step <= 0:
+        raise ValueError(f"control {name}={spec!r}: need min < max and step > 0")
+    if len(spec) == 4:
+        value = spec[3]
+        if not lo <= value <= hi:
+            raise ValueError(f"control {name}={spec!r}: value {value} is outside [{lo}, {hi}]")
+    elif ints:
+        value = lo + (hi - lo) // 2 // step * step
+    else:
+        value = lo + round((hi - lo) / 2 / step) * step
+    style = {"description_width": "initial"}
+    if ints:
+        return W.IntSlider(value=value, min=lo, max=hi, step=step, description=name,
+                           style=style, continuous_update=False)
+    digits = max(0, -math.floor(math.log10(step))) if step < 1 else 1
+    return W.FloatSlider(value=value, min=lo, max=hi, step=step, description=name,
+                         readout_format=f".{digits}f", style=style, continuous_update=False)
+
+
+def make_control(name, abbrev):
+    """The widget for one ``name=abbrev`` (None for ``ipywidgets.fixed``)."""
+    style = {"description_width": "initial"}
+    if isinstance(abbrev, W.fixed):
+        return None
+    if isinstance(abbrev, W.Widget):
+        if not hasattr(abbrev, "value"):
+            raise TypeError(f"control {name}: a {type(abbrev).__name__} has no value; "
+                            f"{_CONTROL_HELP}")
+        if hasattr(abbrev, "description") and not abbrev.description:
+            abbrev.description = name
+        return abbrev
+    if isinstance(abbrev, bool):
+        return W.Checkbox(value=abbrev, description=name, indent=False)
+    if isinstance(abbrev, tuple):
+        return _slider(name, abbrev)
+    if isinstance(abbrev, (list, dict)):
+        if not abbrev:
+            raise ValueError(f"control {name}: a dropdown needs at least one option")
+        return W.Dropdown(options=abbrev, description=name, style=style)
+    if isinstance(abbrev, str):
+        return W.Text(value=abbrev, description=name, style=style, continuous_update=False)
+    raise TypeError(f"control {name}={abbrev!r}: {_CONTROL_HELP}")
+
+
+def _figure_output(fig):
+    """A matplotlib figure as a PNG display_data output (what the inline backend shows)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight")
+    width, height = fig.get_size_inches() * fig.dpi
+    return {"output_type": "display_data", "metadata": {},
+            "data": {"image/png": base64.b64encode(buf.getvalue()).decode("ascii"),
+                     "text/plain": f"<Figure size {width:g}x{height:g} with "
+                                   f"{len(fig.axes)} Axes>"}}
+
+
+def _text_output(text, name="stdout"):
+    return {"output_type": "stream", "name": name, "text": text if text.endswith("\n")
+            else text + "\n"}
+
+
+def describe_error(e):
+    """``rank N: ExcType: message`` for launch errors, ``ExcType: message`` otherwise."""
+    if isinstance(e, launcher.WorkerError):
+        return str(e)
+    return f"{type(e).__name__}: {e}"
+
+
+class Panel:
+    """Controls, Run and Stop buttons, a progress bar, a log and an output area around
+    ``run(**values)``; ``plot(result)`` draws the result (replaced on every run)."""
+
+    def __init__(self, run, plot=None, *, title="", values=None, **controls):
+        if not callable(run):
+            raise TypeError(f"run must be the experiment's plain function, called as "
+                            f"run(**values); got {type(run).__name__}")
+        if plot is not None and not callable(plot):
+            raise TypeError(f"plot must be a function plot(result) returning a matplotlib "
+                            f"Figure (or None); got {type(plot).__name__}")
+        self._run_fn, self._plot_fn, self.title = run, plot, str(title)
+        self.controls, self.fixed = {}, {}
+        for name, abbrev in controls.items():
+            widget = make_control(name, abbrev)
+            if widget is None:
+                self.fixed[name] = abbrev.value
+            else:
+                self.controls[name] = widget
+        self._check_signature(run, list(controls))
+        self._open_with(run, dict(values or {}))
+        self.result, self.error = None, None
+        self._sink = None
+        self._lines = []
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._done.set()
+        self._stop_requested = False
+        self._build()
+
+    def _open_with(self, run, values):
+        """Set each control to the value the notebook's run used: ``values``, else the
+        function's default; refuse one the control cannot show."""
+        unknown = set(values) - set(self.controls) - set(self.fixed)
+        if unknown:
+            raise TypeError(f"values: no control called {sorted(unknown)[0]!r}")
+        try:
+            defaults = {k: p.default for k, p in inspect.signature(run).parameters.items()
+                        if p.default is not inspect.Parameter.empty}
+        except (TypeError, ValueError):
+            defaults = {}
+        for name, widget in self.controls.items():
+            if name not in values and name not in defaults:
+                continue
+            value = values.get(name, defaults.get(name))
+            options = getattr(widget, "options", None)
+            if options is not None:
+                labels = options.values() if isinstance(options, dict) else [
+                    o[1] if isinstance(o, tuple) else o for o in options]
+                ok = value in list(labels)
+            elif hasattr(widget, "min") and hasattr(widget, "max"):
+                ok = widget.min <= value <= widget.max
+            else:
+                ok = True
+            if not ok:
+                raise ValueError(f"control {name}: the experiment runs with {name}={value!r}, "
+                                 f"which the control cannot show; add it to the control's "
+                                 f"options or range, or pass values={{{name!r}: ...}}")
+            widget.value = value
+        self.initial = dict(self.values)
+
+    @staticmethod
+    def _check_signature(run, names):
+        try:
+            signature = inspect.signature(run)
+        except (TypeError, ValueError):  # builtins: nothing to check
+            return
+        try:
+            signature.bind(**dict.fromkeys(names))
+        except TypeError as e:
+            raise TypeError(f"run{signature} cannot be called with the panel's controls "
+                            f"{names}: {e}; give a control (or ipywidgets.fixed) for each of "
+                            f"its arguments") from None
+
+    def _build(self):
+        self.run_button = W.Button(description="Run", icon="play", button_style="primary",
+                                   tooltip="run the experiment with these settings")
+        self.stop_button = W.Button(description="Stop", icon="stop", disabled=True,
+                                    tooltip="end every rank of this run")
+        self.progress = W.IntProgress(value=0, min=0, max=1, layout=W.Layout(width="240px"))
+        self.progress_label = W.Label("")
+        self.status = W.Label("ready")
+        self.log = W.Output(layout=W.Layout(max_height="160px", overflow="auto"))
+        self.output = W.Output()
+        self.run_button.on_click(lambda _: self.start())
+        self.stop_button.on_click(lambda _: self.stop())
+        rows = [W.Box(list(self.controls.values()), layout=W.Layout(flex_flow="row wrap")),
+                W.HBox([self.run_button, self.stop_button, self.progress,
+                        self.progress_label]),
+                self.status, self.log, self.output]
+        if self.title:
+            rows.insert(0, W.HTML(f"<b>{self.title}</b>"))
+        self.widget = W.VBox(rows)
+        self.widget.add_class("lu-panel")
+
+    # -- state ---------------------------------------------------------------------------
+    @property
+    def values(self):
+        """The keyword arguments the next run gets: control values and fixed values."""
+        return {**{name: w.value for name, w in self.controls.items()}, **self.fixed}
+
+    @property
+    def running(self):
+        return not self._done.is_set()
+
+    def _set_busy(self, busy):
+        self.run_button.disabled = busy
+        self.stop_button.disabled = not busy
+
+    # -- sinks for the launcher (called in the run's thread) -----------------------------
+    def _write(self, line):
+        self._lines.append(line)
+        del self._lines[:-_LOG_LINES]
+        self.log.outputs = (_text_output("\n".join(self._lines)),)
+
+    def _on_progress(self, n, total, desc):
+        self.progress.max = max(1, total)
+        self.progress.value = max(0, min(n, total))
+        self.progress_label.value = f"{desc} {n}/{total}".strip()
+
+    # -- running ---------------------------------------------------------------------------
+    def start(self, **overrides):
+        """Start a run in the background; False (and nothing started) if one is running."""
+        unknown = set(overrides) - set(self.controls) - set(self.fixed)
+        if unknown:
+            raise TypeError(f"no control called {sorted(unknown)[0]!r}; the panel has "
+                            f"{sorted(self.controls) + sorted(self.fixed)}")
+        with self._lock:
+            if self.running:
+                return False
+            for name, value in overrides.items():
+                if name in self.controls:
+                    self.controls[name].value = value
+            values = {**self.values, **{k: v for k, v in overrides.items() if k in self.fixed}}
+            self._done.clear()
+            self._stop_requested = False
+            self._set_busy(True)
+        self.result = self.error = None
+        self._lines = []
+        self.log.outputs = ()
+        self.output.outputs = ()     # the last run's plot or error must not sit beside this one
+        self.progress.value, self.progress_label.value = 0, ""
+        self.status.value = "running…"
+        threading.Thread(target=self._work, args=(values,), daemon=True,
+                         name=f"lu-panel-{self.title}").start()
+        return True
+
+    def _work(self, values):
+        start = time.monotonic()
+        try:
+            with launcher.output_to(self._write, self._on_progress) as sink:
+                self._sink = sink
+                sink.stopped = self._stop_requested   # Stop pressed before this line
+                result = self._run_fn(**values)
+            self.result = result
+            self.output.outputs = self._draw(result)
+            self.status.value = f"done in {time.monotonic() - start:.1f} s"
+        except launcher.LaunchStopped as e:
+            self.error = e
+            self.output.outputs = (_text_output(launcher.STOPPED, "stderr"),)
+            self.status.value = "stopped"
+        except Exception as e:  # noqa: BLE001 - any error shows in the panel, which stays usable
+            self.error = e
+            self.output.outputs = (_text_output(f"error: {describe_error(e)}", "stderr"),)
+            self.status.value = "error"
+        finally:
+            with self._lock:
+                self._sink = None
+                self._set_busy(False)
+                self._done.set()
+
+    def _draw(self, result):
+        """The outputs showing ``result``: the plot's figures, or its repr."""
+        if self._plot_fn is None:
+            return ({"output_type": "execute_result", "execution_count": None,
+                     "metadata": {}, "data": {"text/plain": repr(result)}},)
+        import matplotlib.pyplot as plt
+        before = set(plt.get_fignums())
+        returned = self._plot_fn(result)
+        if returned is not None and not hasattr(returned, "savefig"):
+            returned = getattr(returned, "figure", None)  # an Axes
+        figures = [returned] if returned is not None else []
+        figures += [plt.figure(n) for n in plt.get_fignums()
+                    if n not in before and plt.figure(n) is not returned]
+        outputs = tuple(_figure_output(fig) for fig in figures)
+        for fig in figures:
+            plt.close(fig)  # or the inline backend would also show it under a later cell
+        return outputs or (_text_output("(plot drew nothing)"),)
+
+    def stop(self):
+        """End the ranks of the current run, and refuse any launch it would start next (the
+        run ends with LaunchStopped); no-op when idle."""
+        if not self.running:
+            return
+        self._stop_requested = True
+        sink = self._sink
+        if sink is not None:
+            sink.stopped = True
+        self.status.value = "stopping…"
+
+    def wait(self, timeout=None):
+        """Wait for the current run to end; True if it has."""
+        return self._done.wait(timeout)
+
+    def run(self, wait=True, **overrides):
+        """Run with the controls (changed by ``overrides``); return the result or raise its
+        error. ``wait=False`` starts it and returns None."""
+        if not self.start(**overrides):
+            raise RuntimeError("a run is already under way; wait for it or press Stop")
+        if not wait:
+            return None
+        self.wait()
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+    # -- display: the widget, with a text/plain that is the same on every run (nbval) ----
+    def __repr__(self):
+        return f"Panel({self.title!r})"
+
+    def _repr_mimebundle_(self, **kwargs):
+        bundle = self.widget._repr_mimebundle_(**kwargs)
+        data = bundle[0] if isinstance(bundle, tuple) else bundle
+        data["text/plain"] = repr(self)
+        return bundle
+
+
+def panel(run, plot=None, *, title="", values=None, **controls):
+    """A :class:`Panel` around ``run(**values)``; show it as a cell's last expression."""
+    return Panel(run, plot, title=title, values=values, **controls)
