@@ -19,7 +19,7 @@ TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 venv: $(STAMP)
 
 # Reinstall only when requirements.txt changed (the stamp is its copy).
-$(STAMP): requirements.txt
+$(STAMP): requirements.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@# torch alone first, without its dependencies, so that only torch is looked up on
 	@# PyTorch's index (where it cannot be reached, pip warns and takes a local wheel that
@@ -35,8 +35,9 @@ else
 endif
 	$(PY) -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') else \
 		'torch ' + torch.__version__ + ' installed, 2.13.0 pinned: make clean, then make again')"
-	@# Make `import labutils` work from notebooks/ and from the ranks, without a build step.
-	@echo "$(CURDIR)" > "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/labutils-dev.pth"
+	@# The course's library in development mode (pyproject.toml): `import labutils` works from
+	@# notebooks/ and from the ranks, and edits to labutils/ take effect without reinstalling.
+	$(PIP) --no-deps --no-build-isolation -e .
 	@cp requirements.txt $(STAMP)
 
 # JupyterLab on 127.0.0.1 only; the token is kept (it is printed in the log with the URL).
@@ -47,11 +48,13 @@ lab: $(STAMP)
 # Unit and multi-process tests, then every notebook under nbval. CI (.ci/run) also runs
 # test-portable.
 test: $(STAMP)
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest tests
 	$(PY) -m pytest $(NBVAL) notebooks
 
 # No process started (enforced by tests/conftest.py), under a minute.
 test-fast: $(STAMP)
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest tests -m "not slow and not browser"
 
 test-notebooks: $(STAMP)

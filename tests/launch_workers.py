@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 import labutils as lu
 
+
 def allreduce_rank(rank, world_size, scale=1.0):
     t = torch.tensor([float(rank + 1)]) * scale
     dist.all_reduce(t)

@@ -5,6 +5,8 @@ import torch
 import labutils as lu
 from labutils import collectives as C
 
+from .checkers import assert_check, checker_cases
+
 pytestmark = pytest.mark.lab03a
 
 LENGTHS = (1, 3, 5, 7, 33)  # shorter than, equal to, not divisible by the world size
@@ -141,13 +143,10 @@ def _stub(tensor):
 
 
 @pytest.mark.slow
-def test_checker_accepts_reference_and_rejects_mistakes():
-    ok = lu.check_ring_all_reduce(C.ring_all_reduce)
-    assert ok.passed and "passed" in ok.message
-    assert lu.check_ring_all_reduce(C.recursive_doubling_all_reduce).passed
-    partial = lu.check_ring_all_reduce(_reduce_scatter_only)
-    assert not partial.passed and "rank" in partial.message and "expected" in partial.message
-    mean = lu.check_ring_all_reduce(_average)
-    assert not mean.passed and "expected" in mean.message
-    stub = lu.check_ring_all_reduce(_stub)
-    assert not stub.passed and "not implemented" in stub.message
+@pytest.mark.parametrize("answer, verdict", checker_cases(C.ring_all_reduce, {
+    "reduce_scatter_only": (_reduce_scatter_only, ("rank", "expected")),
+    "average": (_average, "expected"),
+    "stub": (_stub, "not implemented"),
+}, passes="passed", also_right={"recursive_doubling": C.recursive_doubling_all_reduce}))
+def test_checker_accepts_reference_and_rejects_mistakes(answer, verdict):
+    assert_check(lu.check_ring_all_reduce, answer, verdict)

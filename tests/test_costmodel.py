@@ -7,6 +7,8 @@ import pytest
 import labutils as lu
 from labutils import costmodel as cm
 
+from .checkers import assert_check, checker_cases
+
 pytestmark = pytest.mark.lab07
 
 A, B = 3e-5, 1e-9  # 30 us per step, 1 GB/s
@@ -170,7 +172,6 @@ def _ddp_grads(rank, world_size):
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from labutils import costmodel as cm
     grads = {}
     for name, link, compress in (("reference", None, None), ("emulated", "1GbE", None),
                                  ("bf16", "1GbE", torch.bfloat16)):
@@ -250,17 +251,23 @@ def test_tensor_parallel_four_allreduces_per_layer():
 
 # ---- exercise checker --------------------------------------------------------------------------
 
-@pytest.mark.slow
-def test_ring_time_checker_accepts_reference_and_rejects_typical_mistakes():
-    assert lu.check_ring_allreduce_time(cm.ring_allreduce_time).passed
-    only_reduce_scatter = lambda n, p, a, b: (p - 1) * a + (p - 1) / p * n * b  # noqa: E731
-    whole_buffer_per_step = lambda n, p, a, b: 2 * (p - 1) * (a + n * b)  # noqa: E731
-    for wrong in (only_reduce_scatter, whole_buffer_per_step):
-        result = lu.check_ring_allreduce_time(wrong)
-        assert not result.passed
-        assert "rank 0" in result.message and "expected" in result.message
-        assert "world_size=2" in result.message
+def _only_reduce_scatter(n, p, a, b):
+    return (p - 1) * a + (p - 1) / p * n * b
 
-    def stub(nbytes, world_size, alpha, beta):
-        raise NotImplementedError  # FILL ME IN
-    assert "not implemented yet" in lu.check_ring_allreduce_time(stub).message
+
+def _whole_buffer_per_step(n, p, a, b):
+    return 2 * (p - 1) * (a + n * b)
+
+
+def _ring_time_stub(nbytes, world_size, alpha, beta):
+    raise NotImplementedError  # FILL ME IN
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("answer, verdict", checker_cases(cm.ring_allreduce_time, {
+    "only_reduce_scatter": (_only_reduce_scatter, ("rank 0", "expected", "world_size=2")),
+    "whole_buffer_per_step": (_whole_buffer_per_step, ("rank 0", "expected", "world_size=2")),
+    "stub": (_ring_time_stub, "not implemented yet"),
+}))
+def test_ring_time_checker_accepts_reference_and_rejects_typical_mistakes(answer, verdict):
+    assert_check(lu.check_ring_allreduce_time, answer, verdict)

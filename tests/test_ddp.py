@@ -5,6 +5,8 @@ import torch
 import labutils as lu
 from labutils import ddp
 
+from .checkers import assert_check, checker_cases
+
 VERSIONS = ("naive", "hooks", "bucketed", "torch")
 
 
@@ -109,12 +111,12 @@ def _rank0_gradients(model):  # copies rank 0's gradient instead of averaging
 
 @pytest.mark.lab04a
 @pytest.mark.slow
-def test_check_sync_gradients():
-    assert lu.check_sync_gradients(ddp.naive_allreduce_grads).passed
-    wrong = lu.check_sync_gradients(_forgot_divide)
-    assert not wrong.passed and "expected" in wrong.message and "rank" in wrong.message
-    wrong = lu.check_sync_gradients(_rank0_gradients)
-    assert not wrong.passed and "expected" in wrong.message
+@pytest.mark.parametrize("answer, verdict", checker_cases(ddp.naive_allreduce_grads, {
+    "forgot_divide": (_forgot_divide, ("expected", "rank")),
+    "rank0_gradients": (_rank0_gradients, "expected"),
+}))
+def test_check_sync_gradients(answer, verdict):
+    assert_check(lu.check_sync_gradients, answer, verdict)
 
 
 def _forward_order(params, cap):
@@ -127,11 +129,12 @@ def _one_bucket(params, cap):
 
 @pytest.mark.lab04a
 @pytest.mark.slow
-def test_check_assign_buckets():
-    assert lu.check_assign_buckets(ddp.assign_buckets).passed
-    for wrong_fn in (_forward_order, _one_bucket):
-        wrong = lu.check_assign_buckets(wrong_fn)
-        assert not wrong.passed and "expected" in wrong.message
+@pytest.mark.parametrize("answer, verdict", checker_cases(ddp.assign_buckets, {
+    "forward_order": (_forward_order, "expected"),
+    "one_bucket": (_one_bucket, "expected"),
+}))
+def test_check_assign_buckets(answer, verdict):
+    assert_check(lu.check_assign_buckets, answer, verdict)
 
 
 def _without_no_sync(ddp_model, micro_batches, loss_fn):  # right gradients, k all-reduces
@@ -149,12 +152,13 @@ def _unscaled(ddp_model, micro_batches, loss_fn):  # one all-reduce, gradients k
 
 @pytest.mark.lab04b
 @pytest.mark.slow
-def test_check_no_sync_accumulation():
-    assert lu.check_no_sync_accumulation(lu.ddp_hooks.accumulate_with_no_sync).passed
-    wrong = lu.check_no_sync_accumulation(_without_no_sync)
-    assert not wrong.passed and "backward passes that all-reduced" in wrong.message
-    wrong = lu.check_no_sync_accumulation(_unscaled)
-    assert not wrong.passed and "gradients" in wrong.message
+@pytest.mark.parametrize("answer, verdict", checker_cases(
+    lu.ddp_hooks.accumulate_with_no_sync, {
+        "without_no_sync": (_without_no_sync, "backward passes that all-reduced"),
+        "unscaled": (_unscaled, "gradients"),
+    }))
+def test_check_no_sync_accumulation(answer, verdict):
+    assert_check(lu.check_no_sync_accumulation, answer, verdict)
 
 
 def _every_hook(rank, world_size):

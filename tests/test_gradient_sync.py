@@ -46,7 +46,7 @@ def test_make_buckets():
 
 @pytest.mark.slow
 def test_measure_gradient_sync_counts_calls_and_bytes():
-    model = lu.memory.mlp((8, 8, 8, 2))  # 6 tensors, 162 parameters
+    model = lu.models.mlp((8, 8, 8, 2))  # 6 tensors, 162 parameters
     res = G.measure_gradient_sync(model, world_size=2, bucket_sizes=(256,), repeats=2)
     assert res["per tensor"][1] == 6 and res["flat buffer"][1] == 1
     assert res["flat buffer"][2] == 162 * 4 and res["flat fp16"][2] == 162 * 2

@@ -4,7 +4,6 @@ import _thread
 import inspect
 import ipaddress
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -14,14 +13,22 @@ import time
 import psutil
 import pytest
 import torch
-import torch.distributed as dist
 
 import labutils as lu
 from labutils import launcher
 
-from .launch_workers import (allreduce_rank, deadlock, die_on, listening_sockets, num_threads,
-                             ordered_prints, raise_on, report_progress, sleep_forever,
-                             unpicklable_result)
+from .launch_workers import (
+    allreduce_rank,
+    deadlock,
+    die_on,
+    listening_sockets,
+    num_threads,
+    ordered_prints,
+    raise_on,
+    report_progress,
+    sleep_forever,
+    unpicklable_result,
+)
 
 pytestmark = [pytest.mark.lab01]
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -5,6 +5,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+import labutils as lu
 from labutils import memory
 
 pytestmark = pytest.mark.lab03c
@@ -32,13 +33,13 @@ def test_measure_peak_counts_live_tensors_exactly():
 
 def test_measure_peak_is_deterministic():
     x, y = _batch(64, (32,))
-    make = functools.partial(memory.mlp, (32, 64, 10))
+    make = functools.partial(lu.models.mlp, (32, 64, 10))
     peaks = [memory.measure_peak(memory.train_steps, make, x, y, "adam")[1] for _ in range(2)]
     assert peaks[0] == peaks[1] > 0
 
 
 def test_formula_terms():
-    model = memory.mlp((10, 20, 5))          # 10*20+20 + 20*5+5 = 325 parameters
+    model = lu.models.mlp((10, 20, 5))          # 10*20+20 + 20*5+5 = 325 parameters
     est = memory.model_memory(model, optimizer="adam")
     assert est["parameters"] == 325
     assert est["weights"] == est["gradients"] == 325 * 4
@@ -69,9 +70,9 @@ def _cnn():
 def test_formula_matches_measured_peak(case):
     torch.manual_seed(0)
     if case == "mlp-adam-weights":      # weights and Adam state dominate
-        make, (x, y), opt = functools.partial(memory.mlp, (64, 512, 512, 10)), _batch(32, (64,)), "adam"
+        make, (x, y), opt = functools.partial(lu.models.mlp, (64, 512, 512, 10)), _batch(32, (64,)), "adam"
     elif case == "mlp-sgd-activations":  # activations dominate
-        make, (x, y), opt = functools.partial(memory.mlp, (64, 128, 128, 10)), _batch(1024, (64,)), "sgd"
+        make, (x, y), opt = functools.partial(lu.models.mlp, (64, 128, 128, 10)), _batch(1024, (64,)), "sgd"
     else:
         make, (x, y), opt = _cnn, _batch(128, (1, 8, 8)), "adam"
     est, peak = memory.formula_vs_peak(make, x, y, opt)
@@ -83,6 +84,6 @@ def test_formula_matches_measured_peak(case):
 
 def test_bad_optimizer_named():
     with pytest.raises(ValueError, match="adam"):
-        memory.model_memory(memory.mlp(), optimizer="adagrad")
+        memory.model_memory(lu.models.mlp(), optimizer="adagrad")
     with pytest.raises(ValueError, match="example_input"):
-        memory.model_memory(memory.mlp(), batch=8)
+        memory.model_memory(lu.models.mlp(), batch=8)

@@ -1,5 +1,4 @@
 """labutils.model_parallel: naive model parallelism, checked against one process (lab 05)."""
-import labutils as lu
 import itertools
 import warnings
 from functools import partial
@@ -8,7 +7,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import labutils as lu
 from labutils import model_parallel as mp
+
+from .checkers import assert_check, checker_cases
 
 pytestmark = pytest.mark.lab05
 
@@ -158,14 +160,11 @@ def _not_done(rank, world_size, stage_input, stage_output, loss):
 
 
 @pytest.mark.slow
-def test_check_naive_backward_accepts_reference_and_names_mistakes():
-    ok = lu.check_naive_backward(mp.naive_backward)
-    assert ok.passed, ok.message
-    wrong = lu.check_naive_backward(_sends_zeros)
-    assert not wrong.passed
-    assert "rank 0" in wrong.message and "expected" in wrong.message and "got 0.0" in wrong.message
-    stuck = lu.check_naive_backward(_forgets_to_send, timeout=8)
-    assert not stuck.passed
-    assert "deadlock" in stuck.message and "rank 0 waiting in dist.recv" in stuck.message
-    todo = lu.check_naive_backward(_not_done)
-    assert not todo.passed and "not implemented" in todo.message
+@pytest.mark.parametrize("answer, verdict", checker_cases(mp.naive_backward, {
+    "sends_zeros": (_sends_zeros, ("rank 0", "expected", "got 0.0")),
+    "forgets_to_send": (_forgets_to_send, ("deadlock", "rank 0 waiting in dist.recv"),
+                        {"timeout": 8}),
+    "not_done": (_not_done, "not implemented"),
+}))
+def test_check_naive_backward_accepts_reference_and_names_mistakes(answer, verdict):
+    assert_check(lu.check_naive_backward, answer, verdict)

@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+import labutils as lu
 from labutils import models
 
 pytestmark = [pytest.mark.lab03b, pytest.mark.usefixtures("one_thread")]
@@ -11,9 +12,9 @@ def test_shapes_and_sizes():
     assert models.DigitsCNN()(torch.zeros(5, 1, 8, 8)).shape == (5, 10)
     assert models.CharGPT(98)(torch.zeros(3, 32, dtype=torch.int64)).shape == (3, 32, 98)
     assert models.ClipCNN3d()(torch.zeros(2, 1, 8, 16, 16)).shape == (2, 4)
-    assert models.num_parameters(models.DigitsCNN()) == 38282
-    assert models.num_parameters(models.CharGPT(98)) == 114402
-    assert models.num_parameters(models.ClipCNN3d()) == 5748
+    assert lu.memory.count_parameters(models.DigitsCNN()) == 38282
+    assert lu.memory.count_parameters(models.CharGPT(98)) == 114402
+    assert lu.memory.count_parameters(models.ClipCNN3d()) == 5748
 
 
 def test_gpt_is_causal():

@@ -1,13 +1,15 @@
 """labutils.pipeline: GPipe and 1F1B from send/recv, checked against one process (lab 06a)."""
-import labutils as lu
 import warnings
 from functools import partial
 
 import pytest
 import torch
 
+import labutils as lu
 from labutils import model_parallel as mp
 from labutils import pipeline as pl
+
+from .checkers import assert_check, checker_cases
 
 pytestmark = pytest.mark.lab06a
 
@@ -160,12 +162,10 @@ def _not_done(stage, n_stages, n_microbatches):
 
 
 @pytest.mark.slow
-def test_check_one_f_one_b_schedule_accepts_reference_and_names_mistakes():
-    ok = lu.check_one_f_one_b_schedule(pl.one_f_one_b_schedule)
-    assert ok.passed, ok.message
-    gpipe = lu.check_one_f_one_b_schedule(_gpipe_order)
-    assert not gpipe.passed and "'order'" in gpipe.message and "expected 'B0'" in gpipe.message
-    backwards = lu.check_one_f_one_b_schedule(_backward_first)
-    assert not backwards.passed and "before F" in backwards.message
-    todo = lu.check_one_f_one_b_schedule(_not_done)
-    assert not todo.passed and "not implemented" in todo.message
+@pytest.mark.parametrize("answer, verdict", checker_cases(pl.one_f_one_b_schedule, {
+    "gpipe_order": (_gpipe_order, ("'order'", "expected 'B0'")),
+    "backward_first": (_backward_first, "before F"),
+    "not_done": (_not_done, "not implemented"),
+}))
+def test_check_one_f_one_b_schedule_accepts_reference_and_names_mistakes(answer, verdict):
+    assert_check(lu.check_one_f_one_b_schedule, answer, verdict)

@@ -14,6 +14,8 @@ from labutils import costmodel as cm
 from labutils import planner as pl
 from labutils import published as pub
 
+from .checkers import assert_check, checker_cases
+
 pytestmark = pytest.mark.lab07
 
 
@@ -309,20 +311,22 @@ def test_costmodel_bubble_formula_is_the_same():
     assert cm.bubble_fraction(4, 8) == pytest.approx(3 / 11)
 
 
+def _forgets_fp16_weights(psi, nd, stage):  # stage 1 shards all 16 bytes
+    return 16 * psi / nd if stage else 16 * psi
+
+
+def _stage3_keeps_weights(psi, nd, stage):
+    return pl.zero_memory_per_gpu(psi, nd, min(stage, 2))
+
+
 @pytest.mark.slow
-def test_zero_memory_checker_accepts_reference_and_rejects_typical_mistakes():
+@pytest.mark.parametrize("answer, verdict", checker_cases(pl.zero_memory_per_gpu, {
+    "forgets_fp16_weights": (_forgets_fp16_weights, ("expected", "stage=")),
+    "stage3_keeps_weights": (_stage3_keeps_weights, ("expected", "stage=3")),
+}))
+def test_zero_memory_checker_accepts_reference_and_rejects_typical_mistakes(answer, verdict):
     import labutils as lu
-    assert lu.check_zero_memory_per_gpu(pl.zero_memory_per_gpu).passed
-
-    def forgets_fp16_weights(psi, nd, stage):  # stage 1 shards all 16 bytes
-        return 16 * psi / nd if stage else 16 * psi
-
-    def stage3_keeps_weights(psi, nd, stage):
-        return pl.zero_memory_per_gpu(psi, nd, min(stage, 2))
-    for wrong, stage in ((forgets_fp16_weights, "stage="), (stage3_keeps_weights, "stage=3")):
-        result = lu.check_zero_memory_per_gpu(wrong)
-        assert not result.passed and "expected" in result.message
-        assert stage in result.message, result.message
+    assert_check(lu.check_zero_memory_per_gpu, answer, verdict)
 
 
 def test_held_out_baseline_is_one_hardware_flop_rate_in_each_rows_convention():

@@ -5,7 +5,8 @@ import matplotlib
 import pytest
 
 import labutils as lu
-from labutils import plots, ddp_performance as profile
+from labutils import ddp_performance as profile
+from labutils import plots
 from labutils.core.timeline import Span, to_chrome_trace
 from labutils.core.timing import Stats
 

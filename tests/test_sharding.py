@@ -19,10 +19,10 @@ SIZES = (32, 64, 64, 8)  # every weight and bias divides by 2 and 4: no padding,
 def test_formula_matches_the_papers_figure_and_the_planner():
     from labutils.cost.planner import zero_memory_per_gpu
     psi = 7.5e9  # the paper's figure 1: 7.5B parameters, 64 GPUs, mixed-precision Adam
-    gb = [sh.zero_state_bytes(psi, 64, s, 2, 2, 12) / 1e9 for s in range(4)]
+    gb = [lu.planspec.zero_state_bytes(psi, 64, s, 2, 2, 12) / 1e9 for s in range(4)]
     assert [round(g, 2) for g in gb] == [120.0, 31.41, 16.64, 1.88]
     for stage in range(4):
-        assert sh.zero_state_bytes(psi, 64, stage, 2, 2, 12) == pytest.approx(
+        assert lu.planspec.zero_state_bytes(psi, 64, stage, 2, 2, 12) == pytest.approx(
             zero_memory_per_gpu(psi, 64, stage))
 
 
@@ -87,7 +87,7 @@ def test_every_stage_equals_data_parallel_and_one_process(world_size):
         res = lu.zero_training.run_training(f"zero{stage}", world_size, sizes=SIZES, batch=16, steps=3)
         lu.zero_training.assert_same_training(res, dp, f"ZeRO-{stage} vs data parallel")
         held = sum(res["state"].values())
-        assert held == sh.zero_state_bytes(psi, world_size, stage)  # exact: no padding here
+        assert held == lu.planspec.zero_state_bytes(psi, world_size, stage)  # exact: no padding here
         assert res["volume_bytes_per_step"] == sh.zero_volume_formula(stage) * 4 * psi
     assert sum(dp["state"].values()) == 16 * psi
     assert dp["volume_bytes_per_step"] == 2 * 4 * psi

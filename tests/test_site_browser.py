@@ -11,7 +11,6 @@ SKIP_BROWSER=1 asks explicitly to skip them."""
 import functools
 import http.server
 import importlib.util
-import os
 import re
 import shutil
 import subprocess

@@ -2,10 +2,11 @@
 
 Synthetic spans built in this process (a simulated 1F1B schedule), so no process is started.
 """
-import labutils as lu
 import random
 
 import matplotlib
+
+import labutils as lu
 
 matplotlib.use("Agg")
 
@@ -14,7 +15,6 @@ import pytest  # noqa: E402
 from matplotlib.text import Text  # noqa: E402
 
 from labutils import pipeline as pl  # noqa: E402
-from labutils import ddp_performance  # noqa: E402
 from labutils.core.timeline import Span  # noqa: E402
 from labutils.viz.timeline_plot import plot_timeline  # noqa: E402
 

@@ -316,7 +316,6 @@ def _checkpointed_training():
 
 
 def _ddp_versions():
-    from labutils import ddp
     return lu.launch(lu.ddp_performance.time_versions, hidden=32, batch_size=8, repeats=2, world_size=2)[0]
 
 
@@ -331,7 +330,6 @@ def _pipeline():
 
 
 def _zero():
-    from labutils import sharding
     return lu.zero_training.run_training("zero2", 2, steps=3)
 
 

@@ -1,6 +1,7 @@
 """Benchmark ``emulated_ddp``: measured vs predicted speedup on emulated links."""
 from labutils.bench.suite import Row
 from labutils.cost import costmodel as cm
+from labutils.experiments import emulated_ddp
 
 
 def run(quick=False):
@@ -10,7 +11,7 @@ def run(quick=False):
     communication-bound (target: speedup over one rank < 0.5, as the model predicts)."""
     slow = cm.Link("10MbE", 1.25e6, 100e-6)
     width, depth = 96, 3
-    rows_ = run(links=(slow, "1GbE"), steps=2 if quick else 6, width=width, depth=depth,
+    rows_ = emulated_ddp.run(links=(slow, "1GbE"), steps=2 if quick else 6, width=width, depth=depth,
                 batch=16)
     grad_bytes = (depth * (width * width + width) + width * 10 + 10) * 4
     rows = []

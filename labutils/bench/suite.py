@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 
 from labutils import course
+from labutils.core import tables
 from labutils.core.env import machine
 from labutils.core.timing import Stats
 
@@ -55,10 +56,8 @@ class Row:
 
 
 def markdown_table(rows):
-    head = ["benchmark", "figure", "value (median, min, max)", "unit", "note"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(r.cells()) + " |" for r in rows]
-    return "\n".join(lines)
+    return tables.markdown_table([r.cells() for r in rows], ["benchmark", "figure",
+                                 "value (median, min, max)", "unit", "note"])
 
 
 # ---- the machine, the suite, the files ---------------------------------------------------

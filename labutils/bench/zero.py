@@ -1,7 +1,7 @@
 """Benchmark ``zero``: bytes held per rank by each ZeRO stage against the formula."""
 from labutils.bench.suite import Row
+from labutils.cost.planspec import zero_state_bytes
 from labutils.experiments.zero_training import KINDS, make_problem, run_training
-from labutils.parallel.sharding import zero_state_bytes
 
 
 def run(quick=False):

@@ -36,7 +36,6 @@ import itertools
 import os
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 # fp32 state tensors per parameter that each optimiser keeps (ZeRO paper's K / 4).
@@ -171,13 +170,3 @@ def formula_vs_peak(make_model, x, y, optimizer="adam", steps=2):
     estimate = model_memory(make_model(), optimizer=optimizer, example_input=x)
     _, peak = measure_peak(train_steps, make_model, x, y, optimizer, steps)
     return estimate, peak
-
-
-def mlp(sizes=(64, 256, 256, 10)):
-    """A plain MLP, the model the memory tests and 03c use (``nn.Sequential``)."""
-    layers = []
-    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
-        layers.append(nn.Linear(a, b))
-        if i < len(sizes) - 2:
-            layers.append(nn.ReLU())
-    return nn.Sequential(*layers)

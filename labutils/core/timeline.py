@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,3 @@ def to_chrome_trace(spans, path):
     with open(path, "w") as f:
         json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
     return path
-
-
-def spans_to_dicts(spans):
-    return [asdict(s) for s in spans]

@@ -29,8 +29,7 @@ send/recv      a + n b                                      (same)
 
 with p = world_size, L = ceil(log2 p). Every collective costs 0 when p = 1.
 
-Emulated links (``emulate``, ``emulated_allreduce_hook``) live in ``labutils.emulation`` and
-are re-exported here: ``lu.costmodel.emulate("10GbE")``.
+Emulated links (``emulate``, ``emulated_allreduce_hook``) live in ``labutils.parallel.emulation``.
 """
 from __future__ import annotations
 

@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from labutils.cost import costmodel as cm
 from labutils.cost.planspec import (  # noqa: F401
     A100_EFFICIENCY,
-    BYTES_PER_PARAM,
     HARDWARE,
     RECOMPUTE,
     Hardware,

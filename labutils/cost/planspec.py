@@ -12,25 +12,29 @@ from dataclasses import dataclass
 
 from labutils.cost import costmodel as cm
 
-BYTES_PER_PARAM = 16  # fp16 weights 2 + fp16 grads 2 + fp32 weights, momentum, variance 12
 RECOMPUTE = ("none", "selective", "full")
 
 
-def zero_memory_per_gpu(num_params, world_size, stage):
-    """Bytes of model state per GPU under ZeRO ``stage`` (0 = plain data parallelism)."""
+def zero_state_bytes(num_params, world_size, stage, weight_bytes=4, grad_bytes=4,
+                     optimizer_bytes=8):
+    """Model-state bytes per rank under ZeRO ``stage`` (0 = plain data parallelism; paper,
+    figure 1): weights, gradients and optimiser state, the last sharded from stage 1, gradients
+    from 2, weights from 3. Defaults: fp32 Adam (momentum and variance, 8 bytes); mixed
+    precision is (2, 2, 12)."""
     if stage not in (0, 1, 2, 3):
         raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3; got {stage!r}")
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1; got {world_size!r}")
-    psi, nd = float(num_params), world_size
-    weights, grads, optim = 2 * psi, 2 * psi, 12 * psi
-    if stage >= 1:
-        optim /= nd
-    if stage >= 2:
-        grads /= nd
-    if stage >= 3:
-        weights /= nd
-    return weights + grads + optim
+    psi, n = float(num_params), world_size
+    return (weight_bytes * psi / (n if stage >= 3 else 1)
+            + grad_bytes * psi / (n if stage >= 2 else 1)
+            + optimizer_bytes * psi / (n if stage >= 1 else 1))
+
+
+def zero_memory_per_gpu(num_params, world_size, stage):
+    """Bytes of model state per GPU under ZeRO ``stage`` with mixed-precision Adam: fp16 weights
+    and gradients (2 + 2 bytes), fp32 master weights, momentum and variance (12)."""
+    return zero_state_bytes(num_params, world_size, stage, 2, 2, 12)
 
 
 @dataclass(frozen=True)

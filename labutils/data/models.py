@@ -115,6 +115,14 @@ class ClipCNN3d(nn.Module):
         return self.fc(x.flatten(1))                        # (B, classes)
 
 
-def num_parameters(model):
-    """Number of trainable parameters."""
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+def mlp(sizes=(64, 256, 256, 10), seed=None):
+    """A plain MLP, ``nn.Sequential`` of Linear layers with ReLU between them (03c's memory
+    model, 04c's emulated-DDP model, 06c's ZeRO model). ``seed``: the same weights everywhere."""
+    if seed is not None:
+        torch.manual_seed(seed)
+    layers = []
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+        layers.append(nn.Linear(a, b))
+        if i < len(sizes) - 2:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)

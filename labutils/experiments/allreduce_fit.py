@@ -6,6 +6,7 @@ import time
 from labutils.core.launcher import launch
 from labutils.core.timing import Stats, slowest
 from labutils.cost import costmodel as cm
+from labutils.parallel.emulation import emulate
 
 
 def _allreduce_sweep(rank, world_size, sizes, repeats, link, per_sample=0.03):
@@ -19,7 +20,7 @@ def _allreduce_sweep(rank, world_size, sizes, repeats, link, per_sample=0.03):
     bufs = {n: torch.ones(n // 4) for n in sizes}
     plain = {n: [] for n in sizes}
     emulated = {n: [] for n in sizes}
-    emulator = cm.emulate(link)
+    emulator = emulate(link)
     calls = {}
     for n in sizes:  # warm-up (gloo sets up its buffers on the first call of each size) and
         dist.barrier()  # a first timing that sets how many calls fill one sample

@@ -67,10 +67,6 @@ def allreduce_compressed(tensors, dtype=torch.float16):
     return 1
 
 
-def gradient_like(model):
-    """Zero tensors shaped like ``model``'s parameters (the gradients a step would sync)."""
-    return [torch.zeros_like(p) for p in model.parameters()]
-
 
 def _variants(bucket_sizes):
     v = {"per tensor": allreduce_per_tensor, "flat buffer": allreduce_flat}

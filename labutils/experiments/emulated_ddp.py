@@ -2,7 +2,7 @@
 buckets, overlap and compression win back.
 
 A 2-core laptop has no slow network, so its DDP runs look compute-bound. Here every gradient
-bucket of ``lu.ddp.BucketedDDP`` goes through ``lu.costmodel.emulated_allreduce_hook``: the real
+bucket of ``lu.ddp.BucketedDDP`` goes through ``lu.emulation.emulated_allreduce_hook``: the real
 all-reduce runs (results unchanged), then the hook waits out the time the alpha-beta model
 gives for the link. Three ways of sending the same gradients are timed on each link, step by
 step interleaved so that machine noise hits them alike:
@@ -24,9 +24,12 @@ import torch.nn.functional as F
 
 from labutils.core.launcher import launch
 from labutils.core.rank import progress
+from labutils.core.tables import text_table
 from labutils.core.timing import Stats, slowest
 from labutils.cost import costmodel as cm
+from labutils.data import models
 from labutils.parallel.ddp import BucketedDDP
+from labutils.parallel.emulation import emulated_allreduce_hook
 
 # variant -> (bucket_cap_mb, dtype on the wire); 1e6 MB puts every gradient in one bucket
 VARIANTS = {
@@ -40,17 +43,13 @@ NO_COMM = "no communication"
 def mlp(width=512, depth=4, classes=10, seed=0):
     """The model every variant trains: ``depth`` square layers, so gradients arrive layer by
     layer during backward (the last layer's first) and buckets have something to overlap."""
-    torch.manual_seed(seed)
-    layers = []
-    for _ in range(depth):
-        layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
-    return torch.nn.Sequential(*layers, torch.nn.Linear(width, classes))
+    return models.mlp((width,) * (depth + 1) + (classes,), seed=seed)
 
 
 def make_variant(link, bucket_cap_mb, compress_dtype, width, depth):
     """One replica: BucketedDDP whose buckets travel over the emulated ``link``."""
     model = BucketedDDP(mlp(width, depth), bucket_cap_mb=bucket_cap_mb)
-    model.register_comm_hook(None, cm.emulated_allreduce_hook(link, compress_dtype=compress_dtype))
+    model.register_comm_hook(None, emulated_allreduce_hook(link, compress_dtype=compress_dtype))
     return model
 
 
@@ -108,7 +107,7 @@ def run(links=("1GbE", "10GbE"), world_size=2, steps=4, width=512, depth=4, batc
     variants = dict(VARIANTS if variants is None else variants)
     out = launch(step_times, list(links), variants, steps, width, depth, batch,
                     world_size=world_size, timeout=timeout)
-    check_gradients(out, variants)
+    assert_same_gradients(out, variants)
     # a step of the job ends when its slowest rank does: per step, the max over ranks
     stats = {key: Stats.of(slowest([res["times"][key] for res in out]))
              for key in out[0]["times"]}
@@ -128,7 +127,7 @@ def run(links=("1GbE", "10GbE"), world_size=2, steps=4, width=512, depth=4, batc
     return rows
 
 
-def check_gradients(per_rank, variants):
+def assert_same_gradients(per_rank, variants):
     """Raise unless every fp32 variant's gradients equal plain BucketedDDP's exactly and every
     compressed variant's are within bf16 rounding (1e-2): only time may change."""
     for r, res in enumerate(per_rank):
@@ -161,9 +160,7 @@ def predict(compute_s, grad_bytes, link, world_size, num_buckets, overlap, compr
 
 def table(rows):
     """The rows as text: one line per (link, variant)."""
-    lines = [f"{'link':>9} {'variant':>15} {'step ms':>8} {'speedup':>8} {'model':>6}"]
-    for r in rows:
-        lines.append(f"{r['link']:>9} {r['variant']:>15} {r['step'].median * 1e3:8.1f} "
-                     f"{r['measured']:8.2f} {r['predicted']:6.2f}")
-    lines.append(f"compute only: {rows[0]['compute'].median * 1e3:.1f} ms per step")
-    return "\n".join(lines)
+    body = text_table([(r["link"], r["variant"], f"{r['step'].median * 1e3:.1f}",
+                        f"{r['measured']:.2f}", f"{r['predicted']:.2f}") for r in rows],
+                      ["link", "variant", "step ms", "speedup", "model"])
+    return body + f"\ncompute only: {rows[0]['compute'].median * 1e3:.1f} ms per step"

@@ -5,14 +5,15 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from labutils.core.launcher import launch
-from labutils.core.memory import measure_peak, mlp
+from labutils.core.memory import measure_peak
 from labutils.core.rank import progress
+from labutils.data.models import mlp
 from labutils.parallel.sharding import FSDP2, VOLUME_FACTOR, ShardLayout, wrap
 from labutils.parallel.tensor_parallel import CommCounter
 
 
 def make_problem(sizes=(32, 64, 64, 8), batch=16, seed=0):
-    """The seeded MLP (``lu.memory.mlp``) and one batch of inputs and class labels."""
+    """The seeded MLP (``lu.models.mlp``) and one batch of inputs and class labels."""
     torch.manual_seed(seed)
     model = mlp(sizes)
     generator = torch.Generator().manual_seed(seed + 1)

@@ -1,7 +1,6 @@
 """Emulated links: each collective takes the time the alpha-beta model gives for a link.
 
-Used by 04c (section 6, through ``lu.emulated_ddp``) and 07; ``lu.costmodel`` re-exports
-``emulate`` and ``emulated_allreduce_hook``.
+Used by 04c (section 6, through ``lu.emulated_ddp``) and 07.
 """
 from __future__ import annotations
 
@@ -91,7 +90,7 @@ def _signature(fn):
 
 
 class emulate(contextlib.ContextDecorator):
-    """Inside a rank: ``with lu.costmodel.emulate("10GbE"):`` slows every ``dist.<collective>``
+    """Inside a rank: ``with lu.emulation.emulate("10GbE"):`` slows every ``dist.<collective>``
     (all_reduce, broadcast, reduce_scatter(_tensor), all_gather(_into_tensor), send/recv,
     isend/irecv) to the time the model gives on ``link``; results are unchanged.
 
@@ -157,7 +156,7 @@ class emulate(contextlib.ContextDecorator):
 def emulated_allreduce_hook(link="10GbE", algorithm="ring", compress_dtype=None):
     """A DDP comm hook: average the bucket with all-reduce, taking ``link``'s modelled time.
 
-    ``ddp.register_comm_hook(None, lu.costmodel.emulated_allreduce_hook("10GbE"))``. With
+    ``ddp.register_comm_hook(None, lu.emulation.emulated_allreduce_hook("10GbE"))``. With
     ``compress_dtype=torch.bfloat16`` (or float16) the bucket travels in that dtype, so the
     modelled time halves as the bytes do (PyTorch's bf16_compress_hook refuses CPU tensors).
     The wait happens in the future's callback, off the main thread, so backward keeps running

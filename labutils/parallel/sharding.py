@@ -224,17 +224,6 @@ def wrap(stage, model, layout, lr):
 
 # ---- what the paper predicts --------------------------------------------------------------
 
-def zero_state_bytes(num_params, world_size, stage, weight_bytes=4, grad_bytes=4,
-                     optimizer_bytes=8):
-    """Model-state bytes per rank (paper, figure 1): weights, gradients and optimiser state,
-    the last sharded from stage 1, gradients from 2, weights from 3. Defaults: fp32 Adam
-    (momentum and variance, 8 bytes); mixed precision is (2, 2, 12)."""
-    psi, n = num_params, world_size
-    return (weight_bytes * psi / (n if stage >= 3 else 1)
-            + grad_bytes * psi / (n if stage >= 2 else 1)
-            + optimizer_bytes * psi / (n if stage >= 1 else 1))
-
-
 def zero_volume_formula(stage):
     """Communication per step in units of one copy of the parameters (paper, section 7)."""
     return 3.0 if stage == 3 else 2.0

@@ -101,12 +101,3 @@ def plot_scaling(times_by_world_size, ax=None, title="", weak=False):
                           ylabel="efficiency  t(1)/t(p)", title=title, ideal=[1.0] * len(ps))
     return plot_lines(ps, {"speedup": [s[p] for p in ps]}, ax=ax, xlabel="ranks",
                       ylabel="speedup  t(1)/t(p)", title=title, ideal=lambda p: p / ps[0])
-
-
-def table(rows, header):
-    """Print rows as an aligned text table (numbers to 4 significant digits)."""
-    cells = [[f"{c:.4g}" if isinstance(c, float) else str(c) for c in row] for row in rows]
-    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(header)]
-    print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
-    for r in cells:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)))

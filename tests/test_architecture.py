@@ -1,0 +1,106 @@
+"""The package's architecture (ARCHITECTURE.md), beyond what import-linter checks in `make test`:
+one short name per module, no labutils import hidden in a function, headless algorithms, and
+one registry (the course map) that names every checker and benchmark that exists."""
+import ast
+import importlib
+import os
+
+import pytest
+
+import labutils as lu
+from labutils import course
+
+PACKAGE = os.path.dirname(lu.__file__)
+
+
+def _modules():
+    for layer in course.LAYERS:
+        folder = os.path.join(PACKAGE, layer)
+        for name in sorted(os.listdir(folder)):
+            if name.endswith(".py"):
+                yield layer, name[:-3], os.path.join(folder, name)
+
+
+def test_every_short_name_is_one_module():
+    clashes = {name: paths for name, paths in course._FOUND.items() if len(paths) > 1}
+    assert not clashes, f"two modules share a short name (lu.<name> would be ambiguous): {clashes}"
+    for name, path in course.MODULES.items():
+        assert getattr(lu, name) is importlib.import_module(path)
+    assert set(course.MODULES) <= set(dir(lu))
+
+
+def test_no_labutils_import_inside_a_function():
+    """Every import of a labutils module is at the top of its file, where import-linter and a
+    reader see it; one inside a function is how cycles used to hide."""
+    hidden = []
+    for layer, name, path in _modules():
+        tree = ast.parse(open(path).read())
+        top = {id(node) for node in tree.body}
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in top:
+                names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
+                         else [a.name for a in node.names])
+                if any(n == "labutils" or n.startswith("labutils.") for n in names):
+                    hidden.append(f"{layer}/{name}.py:{node.lineno}")
+    assert not hidden, f"labutils imported inside a function: {hidden}"
+
+
+@pytest.mark.parametrize("layer", ["core", "cost", "data", "parallel", "experiments"])
+def test_lower_layers_define_no_checkers_plots_or_benchmarks(layer):
+    found = []
+    for lay, name, path in _modules():
+        if lay != layer:
+            continue
+        for node in ast.parse(open(path).read()).body:
+            if isinstance(node, ast.FunctionDef) and node.name.startswith(
+                    ("check_", "plot_", "bench_")):
+                found.append(f"{layer}/{name}.py: {node.name}")
+    assert not found, f"these belong in exercises/, viz/ or bench/: {found}"
+
+
+def test_every_registered_checker_exists_and_every_checker_is_registered():
+    registered = set(course.checkers())
+    assert len(registered) == len(course.checkers()), "a checker is registered twice"
+    defined = set()
+    for lay, name, path in _modules():
+        if lay == "exercises" and name.startswith("lab"):
+            module = importlib.import_module(f"labutils.exercises.{name}")
+            for attr in vars(module):
+                if attr.startswith("check_") and callable(getattr(module, attr)):
+                    defined.add(attr[len("check_"):])
+                    assert course.checker_module(attr[len("check_"):]) == module.__name__, (
+                        f"check_{attr} is defined in {module.__name__} but registered under "
+                        f"another lab")
+    assert registered == defined, (f"registered, not defined: {registered - defined}; "
+                                   f"defined, not registered: {defined - registered}")
+    for name in registered:
+        assert getattr(lu, f"check_{name}") is getattr(
+            importlib.import_module(course.checker_module(name)), f"check_{name}")
+        assert f"check_{name}" in dir(lu)
+
+
+def test_unknown_checker_names_the_exercises():
+    with pytest.raises(AttributeError, match="check_ring_all_reduce"):
+        lu.check_no_such_exercise  # noqa: B018
+
+
+def test_every_benchmark_is_registered_and_runs_through_run():
+    modules = {name for lay, name, _ in _modules()
+               if lay == "bench" and name not in ("__init__", "__main__", "suite", "gpucheck")}
+    assert set(course.benchmarks()) == modules
+    for name in modules:
+        assert callable(importlib.import_module(f"labutils.bench.{name}").run)
+
+
+def test_preload_names_only_the_layers_ranks_use():
+    layers = {path.split(".")[1] for path in course.rank_modules()}
+    assert layers <= set(course.RANK_LAYERS)
+    assert "labutils.parallel.ddp" in course.rank_modules()
+
+
+def test_the_face_lists_what_it_resolves():
+    names = dir(lu)
+    for expected in ("launch", "show_source", "show_solution", "ddp", "pipeline", "planner",
+                     "check_sync_gradients"):
+        assert expected in names
+    assert lu.ddp.BucketedDDP and lu.pipeline and lu.planner.predict
