@@ -58,30 +58,7 @@ def test_lower_layers_define_no_checkers_plots_or_benchmarks(layer):
     assert not found, f"these belong in exercises/, viz/ or bench/: {found}"
 
 
-def test_every_registered_checker_exists_and_every_checker_is_registered():
-    registered = set(course.checkers())
-    assert len(registered) == len(course.checkers()), "a checker is registered twice"
-    defined = set()
-    for lay, name, path in _modules():
-        if lay == "exercises" and name.startswith("lab"):
-            module = importlib.import_module(f"labutils.exercises.{name}")
-            for attr in vars(module):
-                if attr.startswith("check_") and callable(getattr(module, attr)):
-                    defined.add(attr[len("check_"):])
-                    assert course.checker_module(attr[len("check_"):]) == module.__name__, (
-                        f"check_{attr} is defined in {module.__name__} but registered under "
-                        f"another lab")
-    assert registered == defined, (f"registered, not defined: {registered - defined}; "
-                                   f"defined, not registered: {defined - registered}")
-    for name in registered:
-        assert getattr(lu, f"check_{name}") is getattr(
-            importlib.import_module(course.checker_module(name)), f"check_{name}")
-        assert f"check_{name}" in dir(lu)
-
-
-def test_unknown_checker_names_the_exercises():
-    with pytest.raises(AttributeError, match="check_ring_all_reduce"):
-        lu.check_no_such_exercise  # noqa: B018
+# The checkers and the course map are tested in test_registry.py.
 
 
 def test_every_benchmark_is_registered_and_runs_through_run():

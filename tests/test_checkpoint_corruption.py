@@ -139,10 +139,6 @@ def test_load_refuses_damaged_and_resume_falls_back_after_deleting(saved, damage
 
 @pytest.mark.lab04b
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, raises=ValueError,
-                   reason="verify() parses MANIFEST.json unguarded: a manifest altered in "
-                          "place raises UnicodeDecodeError/JSONDecodeError, not "
-                          "CheckpointError (nothing checks the manifest itself)")
 @pytest.mark.parametrize("damage", ["non-utf8 byte", "json syntax"])
 def test_damaged_manifest_is_a_checkpoint_error(saved, tmp_path, damage):
     _, _, late = saved

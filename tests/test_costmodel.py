@@ -208,43 +208,43 @@ FREE = (0.0, 1e-30)  # a link with no latency and (practically) infinite bandwid
 
 @pytest.mark.parametrize("p,m", [(2, 1), (4, 4), (4, 16), (8, 3)])
 def test_pipeline_bubble_is_the_formula_and_latency_adds_per_slot(p, m):
-    step = cm.pipeline_step(8.0, p, m, activation_bytes=MiB, link=FREE)
+    step = lu.step_time.pipeline_step(8.0, p, m, activation_bytes=MiB, link=FREE)
     assert step.bubble / step.total == pytest.approx((p - 1) / (m + p - 1))
-    assert cm.bubble_fraction(p, m) == pytest.approx((p - 1) / (m + p - 1))
-    slow = cm.pipeline_step(8.0, p, m, MiB, (A, B))
+    assert lu.step_time.bubble_fraction(p, m) == pytest.approx((p - 1) / (m + p - 1))
+    slow = lu.step_time.pipeline_step(8.0, p, m, MiB, (A, B))
     assert slow.total - step.total == pytest.approx((m + p - 1) * 2 * (A + MiB * B))
 
 
 def test_data_parallel_overlap_hides_at_most_backward():
     comm = cm.allreduce_time(100 * MiB, 4, A, B)
-    none = cm.data_parallel_step(1.0, 100 * MiB, 4, (A, B), overlap=0.0)
-    full = cm.data_parallel_step(1.0, 100 * MiB, 4, (A, B), overlap=1.0)
+    none = lu.step_time.data_parallel_step(1.0, 100 * MiB, 4, (A, B), overlap=0.0)
+    full = lu.step_time.data_parallel_step(1.0, 100 * MiB, 4, (A, B), overlap=1.0)
     assert none.exposed_comm == pytest.approx(comm) and none.total == pytest.approx(1 + comm)
     assert full.exposed_comm == pytest.approx(comm)   # one bucket: filled when backward ends
-    buckets = cm.data_parallel_step(1.0, 100 * MiB, 4, (A, B), num_buckets=25)
+    buckets = lu.step_time.data_parallel_step(1.0, 100 * MiB, 4, (A, B), num_buckets=25)
     assert buckets.comm - none.comm == pytest.approx(24 * 2 * 3 * A)  # 24 more latency sets
     # 25 buckets overlapped: backward after the first bucket (2/3 * 24/25 s) hides that much,
     # and never the last bucket
-    hidden = cm.data_parallel_step(1.0, 100 * MiB, 4, (A, B), num_buckets=25, overlap=1.0)
+    hidden = lu.step_time.data_parallel_step(1.0, 100 * MiB, 4, (A, B), num_buckets=25, overlap=1.0)
     assert hidden.exposed_comm == pytest.approx(max(buckets.comm / 25,
                                                     buckets.comm - 2 / 3 * 24 / 25))
-    tiny = cm.data_parallel_step(10.0, MiB, 4, (A, B), num_buckets=4, overlap=1.0)
+    tiny = lu.step_time.data_parallel_step(10.0, MiB, 4, (A, B), num_buckets=4, overlap=1.0)
     assert tiny.exposed_comm == pytest.approx(tiny.comm / 4)
-    assert cm.speedup(1.0, cm.data_parallel_step(1.0, MiB, 8, FREE), 8) == pytest.approx(8)
+    assert lu.step_time.speedup(1.0, lu.step_time.data_parallel_step(1.0, MiB, 8, FREE), 8) == pytest.approx(8)
     with pytest.raises(ValueError, match="fraction"):
-        cm.data_parallel_step(1.0, MiB, 2, (A, B), overlap=2)
+        lu.step_time.data_parallel_step(1.0, MiB, 2, (A, B), overlap=2)
 
 
 def test_zero_stage3_moves_one_and_a_half_times_an_allreduce():
     n, p = 10**9, 64
-    z1 = cm.zero_step(0.0, n, p, 1, (0.0, B))
-    z3 = cm.zero_step(0.0, n, p, 3, (0.0, B))
+    z1 = lu.step_time.zero_step(0.0, n, p, 1, (0.0, B))
+    z3 = lu.step_time.zero_step(0.0, n, p, 3, (0.0, B))
     assert z1.comm == pytest.approx(cm.allreduce_time(2 * n, p, 0.0, B))
     assert z3.comm / z1.comm == pytest.approx(1.5)
 
 
 def test_tensor_parallel_four_allreduces_per_layer():
-    step = cm.tensor_parallel_step(8.0, 4, 10, MiB, (A, B))
+    step = lu.step_time.tensor_parallel_step(8.0, 4, 10, MiB, (A, B))
     assert step.compute == 2.0
     assert step.comm == pytest.approx(40 * cm.allreduce_time(MiB, 4, A, B))
 

@@ -11,6 +11,8 @@ import labutils as lu
 from labutils.exercises import lab04a as exercises
 from labutils.exercises.base import CheckResult, first_difference, make_cases, run_check
 
+from .checkers import assert_check, checker_cases, exactly, starts_with
+
 pytestmark = [pytest.mark.lab04a]
 
 
@@ -123,55 +125,52 @@ def test_bad_input_is_refused_before_any_process_starts(monkeypatch):
 # ---- run_check on real ranks ------------------------------------------------------------
 
 @pytest.mark.slow
-def test_accepts_the_reference():
-    result = exercises.check_average_gradients(exercises.average_gradients)
-    assert result.passed and result.case is None
-    assert result.message == "[ok] average_gradients: 3 cases passed (world sizes 2, 3, 4)"
-
-
-@pytest.mark.slow
 def test_lu_finds_the_checker():
     assert lu.check_average_gradients is exercises.check_average_gradients
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("wrong", [missing_division, skips_all_reduce])
-def test_rejects_wrong_averages_naming_case_rank_and_element(wrong):
-    result = exercises.check_average_gradients(wrong)
-    assert not result.passed
-    assert result.case == {"world_size": 2, "n": 3, "seed": 4969}
-    assert result.message.startswith(
-        "[wrong] average_gradients: case 1 of 3 (world_size=2, n=3, seed=4969): rank 0, "
-        "key '0.weight': element [0, 0]: expected -0.0352, got ")
+FIRST_CASE = "case 1 of 3 (world_size=2, n=3, seed=4969)"
+
+
+def _names_the_first_case(result):
+    """result.case is the first case, {'world_size': 2, 'n': 3, 'seed': 4969}"""
+    return result.case == {"world_size": 2, "n": 3, "seed": 4969}
+
+
+def _got_is_not_the_mean(result):
+    """the number after 'got' is not the expected mean -0.0352"""
     got = float(result.message.rsplit("got ", 1)[1])
-    assert got != pytest.approx(-0.0352, abs=1e-4)
+    return got != pytest.approx(-0.0352, abs=1e-4)
+
+
+WRONG_AVERAGE = (  # names case, rank and element
+    _names_the_first_case,
+    starts_with(f"[wrong] average_gradients: {FIRST_CASE}: rank 0, "
+                "key '0.weight': element [0, 0]: expected -0.0352, got "),
+    _got_is_not_the_mean,
+)
 
 
 @pytest.mark.slow
-def test_learner_exception_names_rank_and_message():
-    result = exercises.check_average_gradients(raises_on_rank_1)
-    assert not result.passed
-    assert result.message == ("[wrong] average_gradients: case 1 of 3 (world_size=2, n=3, seed=4969): "
-                              "rank 1 raised ValueError: shapes do not match")
-
-
-@pytest.mark.slow
-def test_unfilled_stub_says_fill_me_in():
-    result = exercises.check_average_gradients(stub)
-    assert not result.passed
-    assert result.message == ("[to do] average_gradients: not implemented yet; fill in the lines "
-                              "marked # FILL ME IN")
-
-
-@pytest.mark.slow
-def test_deadlock_is_caught_by_the_timeout_naming_the_ranks():
-    result = exercises.check_average_gradients(deadlocking_send_order, timeout=5)
-    assert not result.passed
-    assert result.message.startswith("[wrong] average_gradients: case 1 of 3 (world_size=2, n=3, "
-                                     "seed=4969): did not finish in 5 s (deadlock?): ")
-    assert "rank 0 waiting in dist.recv" in result.message
-    assert "rank 1 waiting in dist.recv" in result.message
-    assert "of deadlocking_send_order" in result.message
+@pytest.mark.parametrize("answer, verdict", checker_cases(exercises.average_gradients, {
+    # wrong averages: the message names case, rank and element
+    "missing_division": (missing_division, WRONG_AVERAGE),
+    "skips_all_reduce": (skips_all_reduce, WRONG_AVERAGE),
+    # a learner's exception: names the rank and the message
+    "raises_on_rank_1": (raises_on_rank_1, exactly(
+        f"[wrong] average_gradients: {FIRST_CASE}: rank 1 raised ValueError: shapes do not match")),
+    # an unfilled stub says fill me in
+    "stub": (stub, exactly("[to do] average_gradients: not implemented yet; fill in the lines "
+                           "marked # FILL ME IN")),
+    # a deadlock is caught by the timeout, naming the ranks and where they wait
+    "deadlocking_send_order": (deadlocking_send_order, (
+        starts_with(f"[wrong] average_gradients: {FIRST_CASE}: did not finish in 5 s "
+                    "(deadlock?): "),
+        "rank 0 waiting in dist.recv", "rank 1 waiting in dist.recv",
+        "of deadlocking_send_order"), {"timeout": 5}),
+}, passes=exactly("[ok] average_gradients: 3 cases passed (world sizes 2, 3, 4)")))
+def test_check_average_gradients(answer, verdict):
+    assert_check(exercises.check_average_gradients, answer, verdict)
 
 
 @pytest.mark.slow
@@ -193,3 +192,43 @@ def test_differences_show_three_digits_and_more_only_when_needed():
     assert first_difference(0.2671453, 0.2352561) == "expected 0.267, got 0.235"
     # a difference the tolerance rejects, invisible at three digits, gets the digits it needs
     assert first_difference(1.0, 1.0013) == "expected 1.0, got 1.001"
+
+
+def test_the_checker_test_helper_fails_when_the_checker_is_wrong():
+    """tests/checkers.py, used by every checker's test, is not vacuous (no process here)."""
+    def fake_checker(answer, **kwargs):   # an answer here returns the checker's result
+        return answer(**kwargs)
+    ok = CheckResult(True, "[ok] x: 2 cases passed (world size 2)")
+    wrong = CheckResult(False, "[wrong] x: case 1 of 2 (world_size=2): rank 0, expected 1.0, "
+                               "got 2.0", {"world_size": 2})
+
+    def right_answer():
+        return ok
+
+    def wrong_answer(timeout=20.0):
+        assert timeout == 5
+        return wrong
+
+    def params(words):
+        return checker_cases(right_answer, {"sum": (wrong_answer, words, {"timeout": 5})},
+                             passes="passed")
+
+    right, sum_ = params(("rank 0", "expected"))
+    assert [right.id, sum_.id] == ["reference", "sum"]
+    assert assert_check(fake_checker, *right.values) is ok
+    assert assert_check(fake_checker, *sum_.values) is wrong
+    # a right answer rejected, a wrong one accepted, a passed check naming a case: all fail
+    for answer, verdict in [(lambda: wrong, right.values[1]), (lambda timeout: ok, sum_.values[1]),
+                            (lambda: CheckResult(True, "[ok] x passed", {}), right.values[1])]:
+        with pytest.raises(AssertionError):
+            assert_check(fake_checker, answer, verdict)
+    # every kind of expected words that the message does not say: fails
+    for words in ["rank 1", ("rank 0", "expected 2.0"), starts_with("expected"),
+                  exactly("[wrong] x"), lambda result: result.case is None]:
+        _, sum_ = params(words)
+        with pytest.raises(AssertionError):
+            assert_check(fake_checker, *sum_.values)
+    with pytest.raises(AssertionError):
+        assert_check(fake_checker, *checker_cases(right_answer, {}, passes="failed")[0].values)
+    with pytest.raises(ValueError, match="unique"):
+        checker_cases(right_answer, {"reference": (wrong_answer, "x")})

@@ -138,13 +138,13 @@ def test_torch_pipelining_matches_the_from_scratch_pipeline(world_size):
 def test_measured_bubble_is_read_from_a_timeline():
     """The timeline of a 2-stage pipeline has every stage's work in it, once per micro-batch
     and direction, and the bubble read from it is a fraction."""
-    timeline = pl.timed_pipeline(2, 4, "1f1b", batch_size=8, n_layers=2, ms_per_sample=0.5)
+    timeline = lu.pipeline_bubble.timed_pipeline(2, 4, "1f1b", batch_size=8, n_layers=2, ms_per_sample=0.5)
     for rank, result in enumerate(timeline):
         work = sorted((s.name, s.label) for s in result["spans"]
                       if s.name in ("forward", "backward"))
         assert work == sorted((name, str(i)) for name in ("forward", "backward")
                               for i in range(4)), (rank, work)
-    assert 0.0 <= pl.measured_bubble(timeline) < 1.0
+    assert 0.0 <= lu.pipeline_bubble.measured_bubble(timeline) < 1.0
 
 
 # ---- the exercise checker ----------------------------------------------------------------

@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from labutils import costmodel as cm
+import labutils as lu
 from labutils import planner as pl
 from labutils import published as pub
 
@@ -308,7 +308,7 @@ def test_shoeybi_weak_scaling_beats_perfect_scaling():
 
 
 def test_costmodel_bubble_formula_is_the_same():
-    assert cm.bubble_fraction(4, 8) == pytest.approx(3 / 11)
+    assert lu.step_time.bubble_fraction(4, 8) == pytest.approx(3 / 11)
 
 
 def _forgets_fp16_weights(psi, nd, stage):  # stage 1 shards all 16 bytes

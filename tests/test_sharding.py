@@ -9,6 +9,8 @@ import torch.distributed as dist
 import labutils as lu
 from labutils import sharding as sh
 
+from .checkers import assert_check, checker_cases
+
 pytestmark = pytest.mark.lab06c
 
 SIZES = (32, 64, 64, 8)  # every weight and bias divides by 2 and 4: no padding, exact formula
@@ -163,19 +165,11 @@ def _stub(rank, world_size, flat, grad, shard, optimizer):
 
 
 @pytest.mark.slow
-def test_zero1_checker_accepts_the_reference():
-    res = lu.check_zero1_step(sh.zero1_step)
-    assert res.passed, res.message
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("wrong, words", [
-    (_no_mean, "rank 0, element [0]: expected"),
-    (_no_gather, "rank 0, element ["),
-    (_local_gradient_only, "rank 0, element [0]: expected"),
-    (_stub, "not implemented yet"),
-])
-def test_zero1_checker_rejects_typical_mistakes(wrong, words):
-    res = lu.check_zero1_step(wrong)
-    assert not res.passed
-    assert words in res.message, res.message
+@pytest.mark.parametrize("answer, verdict", checker_cases(sh.zero1_step, {
+    "no_mean": (_no_mean, "rank 0, element [0]: expected"),
+    "no_gather": (_no_gather, "rank 0, element ["),
+    "local_gradient_only": (_local_gradient_only, "rank 0, element [0]: expected"),
+    "stub": (_stub, "not implemented yet"),
+}))
+def test_zero1_checker_accepts_the_reference_and_rejects_typical_mistakes(answer, verdict):
+    assert_check(lu.check_zero1_step, answer, verdict)

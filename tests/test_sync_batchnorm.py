@@ -6,6 +6,8 @@ from torch import nn
 import labutils as lu
 from labutils import sync_batchnorm as S
 
+from .checkers import assert_check, checker_cases
+
 pytestmark = pytest.mark.lab03c
 
 
@@ -97,11 +99,10 @@ def _stub(x):
 
 
 @pytest.mark.slow
-def test_checker_accepts_reference_and_rejects_mistakes():
-    ok = lu.check_sync_batch_stats(lambda x: S.sync_batch_stats(x)[:2])
-    assert ok.passed, ok.message
-    bad = lu.check_sync_batch_stats(_mean_of_means)
-    assert not bad.passed and "expected" in bad.message and "rank" in bad.message
-    local = lu.check_sync_batch_stats(_local_only)
-    assert not local.passed and "expected" in local.message
-    assert "not implemented" in lu.check_sync_batch_stats(_stub).message
+@pytest.mark.parametrize("answer, verdict", checker_cases(lambda x: S.sync_batch_stats(x)[:2], {
+    "mean_of_means": (_mean_of_means, ("expected", "rank")),
+    "local_only": (_local_only, "expected"),
+    "stub": (_stub, "not implemented"),
+}))
+def test_checker_accepts_reference_and_rejects_mistakes(answer, verdict):
+    assert_check(lu.check_sync_batch_stats, answer, verdict)

@@ -8,6 +8,8 @@ import torch
 import labutils as lu
 from labutils import train
 
+from .checkers import assert_check, checker_cases
+
 pytestmark = [pytest.mark.lab03b, pytest.mark.usefixtures("one_thread")]
 
 
@@ -100,23 +102,14 @@ def stub(batch, rank, world_size):
 
 
 @pytest.mark.slow
-def test_check_shard_batch_accepts_the_reference():
-    result = lu.check_shard_batch(train.shard_batch)
-    assert result.passed, result.message
-    assert "passed" in result.message
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("wrong,words", [
-    (chunk_without_weight, "key 'gradient'"),
-    (drops_the_remainder, "sample 6 on no rank"),
-    (strided_without_weight, "key 'gradient'"),
-    (stub, "not implemented yet"),
-])
-def test_check_shard_batch_rejects_typical_mistakes(wrong, words):
-    result = lu.check_shard_batch(wrong)
-    assert not result.passed
-    assert words in result.message, result.message
+@pytest.mark.parametrize("answer, verdict", checker_cases(train.shard_batch, {
+    "chunk_without_weight": (chunk_without_weight, "key 'gradient'"),
+    "drops_the_remainder": (drops_the_remainder, "sample 6 on no rank"),
+    "strided_without_weight": (strided_without_weight, "key 'gradient'"),
+    "stub": (stub, "not implemented yet"),
+}, passes="passed"))
+def test_check_shard_batch_accepts_the_reference_and_rejects_typical_mistakes(answer, verdict):
+    assert_check(lu.check_shard_batch, answer, verdict)
 
 
 @pytest.mark.slow

@@ -326,7 +326,7 @@ def _emulated_links():
 
 def _pipeline():
     from labutils import pipeline
-    return pipeline.timed_pipeline(2, 2, "1f1b", batch_size=4, n_layers=2, ms_per_sample=0.1)
+    return lu.pipeline_bubble.timed_pipeline(2, 2, "1f1b", batch_size=4, n_layers=2, ms_per_sample=0.1)
 
 
 def _zero():

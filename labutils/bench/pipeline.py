@@ -1,8 +1,8 @@
 """Benchmark ``pipeline``: measured bubbles against (p-1)/(m+p-1)."""
 from labutils.bench.suite import Row
 from labutils.core.timing import Stats
-from labutils.cost.costmodel import bubble_fraction as predicted_bubble
-from labutils.parallel.pipeline import measured_bubble, timed_pipeline
+from labutils.cost.step_time import bubble_fraction as predicted_bubble
+from labutils.experiments.pipeline_bubble import measured_bubble, timed_pipeline
 
 
 def run(quick=False):

@@ -21,7 +21,9 @@ The formula (Rajbhandari et al., "ZeRO", SC 2020, section 3): a step with ``P`` 
 the profiler when ``profile_memory=True``. Replaying those events in order gives live tensor
 bytes over time, and their maximum is the peak. It counts every tensor byte (including an op's
 scratch buffers) and nothing else (no Python objects, no allocator slack), and an op allocates
-the same sizes every run, so the figure is deterministic: a test can compare it with the formula.
+the same sizes for the same shapes, so for one model, input and thread count the figure repeats
+run to run. It is not the same on every machine: some kernels' scratch buffers depend on the CPU
+and the thread count (06c shows one), so compare it with the formula within a margin.
 
 API (bytes everywhere)::
 
@@ -127,8 +129,8 @@ def measure_peak(fn, *args, **kwargs):
 
     ``peak_bytes`` is the largest amount of CPU tensor memory live at any moment of the call,
     above what was live when it began (tensors created before the call and freed inside it
-    count negative). Read from the allocator's own reports to the profiler, so it is exact and
-    the same on every run. The profiler slows the call down (fine for small models).
+    count negative). Read from the allocator's own reports to the profiler, so it is exact for
+    this call (scratch buffers can differ between CPUs and thread counts: see the module notes). The profiler slows the call down (fine for small models).
     """
     os.environ.setdefault("KINETO_LOG_LEVEL", "99")  # keep kineto's start/stop lines quiet
     # torch.autograd.profiler directly: torch.profiler.profile would import torch._inductor

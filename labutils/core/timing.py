@@ -45,9 +45,21 @@ class Stats:
 
 
 def slowest(per_rank):
-    """Per sample, the max over ranks of ``per_rank`` (one list of seconds per rank): a
-    collective, or a step of a data-parallel job, ends when its slowest rank does."""
+    """In the caller: per sample, the max over ranks of ``per_rank`` (one list of seconds per
+    rank): a collective, or a step of a data-parallel job, ends when its slowest rank does."""
+    if len({len(ts) for ts in per_rank}) > 1:
+        raise ValueError(f"every rank must time the same samples; got {[len(t) for t in per_rank]}")
     return [max(ts) for ts in zip(*per_rank)]
+
+
+def slowest_rank(times, group=None):
+    """Inside a rank, on every rank: the same reduction as ``slowest``, by one all-reduce (MAX)
+    of this rank's ``times`` (a list, or a list of equal-length lists); returns the result."""
+    import torch
+    import torch.distributed as dist
+    t = torch.tensor(times, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return t.tolist()
 
 
 def measure(fn, repeats=7, warmup=1):

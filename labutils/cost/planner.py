@@ -36,6 +36,7 @@ from labutils.cost.planspec import (  # noqa: F401
     recompute_mode,
     zero_memory_per_gpu,
 )
+from labutils.cost.step_time import StepTime, _overlapped
 
 
 def _check_layout(model, layout, batch_size):
@@ -142,7 +143,7 @@ def memory_per_gpu(model, layout, recompute=True, bytes_per_value=2, batch_size=
 @dataclass(frozen=True)
 class Prediction:
     layout: Layout
-    step: cm.StepTime
+    step: StepTime
     flops_per_gpu: float            # model FLOP/s per GPU (recomputation not counted)
     memory: float                   # bytes on the busiest GPU
     hardware_flops_per_gpu: float = 0.0   # recomputed FLOPs counted too
@@ -230,8 +231,8 @@ def predict(model, layout, batch_size, hardware, efficiency=None, recompute=True
     n_gpus = L.world_size
     dp_link = hw.intra if n_gpus <= hw.gpus_per_node else _dp_network(hw, tp * pp)
     dp_comm = _dp_comm(max(_stage_params(model, layout, stages)), L.dp * cp, L.zero, m, dp_link)
-    dp_exposed = cm._overlapped(m * work[slow], dp_comm, dp_overlap)
-    step = cm.StepTime(m * work[slow], m * (stages[slow] * (tp_comm + cp_comm) + pp_comm)
+    dp_exposed = _overlapped(m * work[slow], dp_comm, dp_overlap)
+    step = StepTime(m * work[slow], m * (stages[slow] * (tp_comm + cp_comm) + pp_comm)
                        + dp_comm, m * slot_comm + dp_exposed, bubble)
     terms = {"compute": m * (work[slow] - stages[slow] * elementwise),
              "memory-bound ops": m * stages[slow] * elementwise, "bubble": bubble,

@@ -3,8 +3,12 @@ buffer vs buckets, and compression to fp16/bf16.
 
 Used by ``03c_challenges``. Each function sums a list of gradient tensors over the ranks, in
 place, exactly like one ``dist.all_reduce`` per tensor; they differ only in how many calls
-they make (gloo pays a fixed latency per call) and how many bytes they send. ``04a`` builds
-the same buckets into DDP (``labutils.ddp``).
+they make (gloo pays a fixed latency per call) and how many bytes they send.
+
+``make_buckets`` is not DDP's bucketer: it fills buckets to *at least* ``bucket_bytes`` in
+registration order (here every tensor is ready at once, so only the count of calls matters),
+while ``lu.ddp.assign_buckets`` caps buckets at ``bucket_cap_mb`` in reverse order and splits
+on dtype, as PyTorch's DDP does, so that buckets fill in the order backward produces gradients.
 """
 from __future__ import annotations
 
@@ -15,7 +19,7 @@ import torch.distributed as dist
 
 from labutils.core.launcher import launch
 from labutils.core.rank import progress
-from labutils.core.timing import Stats
+from labutils.core.timing import Stats, slowest_rank
 
 
 def allreduce_per_tensor(tensors):
@@ -95,10 +99,8 @@ def time_sync_worker(rank, world_size, shapes, bucket_sizes, repeats=7, warmup=2
     numel = sum(t.numel() for t in tensors)
     out = {}
     for label in variants:
-        slowest = torch.tensor(times[label], dtype=torch.float64)
-        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
         nbytes = numel * (2 if ("fp16" in label or "bf16" in label) else 4)
-        out[label] = (slowest.tolist(), calls[label], nbytes)
+        out[label] = (slowest_rank(times[label]), calls[label], nbytes)
     return out
 
 

@@ -20,7 +20,7 @@ from torch import nn
 
 from labutils.core.rank import progress
 from labutils.core.timeline import Timeline
-from labutils.core.timing import Stats
+from labutils.core.timing import Stats, slowest_rank
 from labutils.data import models, workloads
 from labutils.experiments.ddp_equivalence import MixedNet
 from labutils.parallel.ddp import BucketedDDP, HookedDDP, naive_allreduce_grads
@@ -62,9 +62,8 @@ def allreduce_worker(rank, world_size, sizes=(1 << 10, 1 << 20, 64 << 20), repea
                     if i:  # the first round warms up (page faults, connections)
                         times[name].append(time.perf_counter() - t0)
             # a collective ends when its slowest rank ends: take the max over ranks
-            t = torch.tensor([times[k] for k in runs], dtype=torch.float64)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            out[nbytes] = {k: Stats.of(row.tolist()) for k, row in zip(runs, t)}
+            t = slowest_rank([times[k] for k in runs])
+            out[nbytes] = {k: Stats.of(row) for k, row in zip(runs, t)}
     return out
 
 

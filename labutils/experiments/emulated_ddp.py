@@ -27,6 +27,7 @@ from labutils.core.rank import progress
 from labutils.core.tables import text_table
 from labutils.core.timing import Stats, slowest
 from labutils.cost import costmodel as cm
+from labutils.cost import step_time
 from labutils.data import models
 from labutils.parallel.ddp import BucketedDDP
 from labutils.parallel.emulation import emulated_allreduce_hook
@@ -141,18 +142,18 @@ def assert_same_gradients(per_rank, variants):
 def predict(compute_s, grad_bytes, link, world_size, num_buckets, overlap, compressed,
             floor=None):
     """The cost model's speedup: compute plus the all-reduce time that backward cannot hide
-    (``cm.data_parallel_step`` on ``link``).
+    (``step_time.data_parallel_step`` on ``link``).
 
     ``floor``: this machine's fitted ``(alpha, beta)``. The emulated link only adds waiting to
     the real all-reduce, and the real one is CPU work on the very cores that run backward, so
     overlap cannot hide it: the exposed time is at least the machine's own all-reduce.
     """
     nbytes = grad_bytes / 2 if compressed else grad_bytes
-    step = cm.data_parallel_step(compute_s, nbytes, world_size, link,
+    step = step_time.data_parallel_step(compute_s, nbytes, world_size, link,
                                  overlap=1.0 if overlap else 0.0, num_buckets=num_buckets)
     exposed = step.exposed_comm
     if floor is not None:
-        here = cm.data_parallel_step(compute_s, nbytes, world_size, tuple(floor),
+        here = step_time.data_parallel_step(compute_s, nbytes, world_size, tuple(floor),
                                      num_buckets=num_buckets)
         exposed = max(exposed, here.comm)
     return world_size * compute_s / (compute_s + exposed)

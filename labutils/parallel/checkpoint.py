@@ -36,7 +36,7 @@ from torch.utils.data import DistributedSampler
 
 from labutils.core.rank import progress
 from labutils.data import workloads
-from labutils.parallel import ddp
+from labutils.parallel import ddp_hooks
 
 MANIFEST = "MANIFEST.json"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -126,9 +126,14 @@ def verify(path, world_size=None):
         raise CheckpointError(f"{path} has no {MANIFEST}: it is not a complete checkpoint "
                               f"(a save interrupted before it finished?); delete it and resume "
                               f"from an earlier one")
-    with open(manifest_path) as f:
-        manifest = json.load(f)
-    for name, (size, digest) in manifest["files"].items():
+    try:
+        with open(manifest_path, encoding="utf-8") as f:
+            manifest = json.load(f)
+        files = manifest["files"].items()
+    except (ValueError, KeyError, AttributeError, TypeError) as e:   # JSON and UTF-8 errors
+        raise CheckpointError(f"{manifest_path} is damaged ({type(e).__name__}): delete "
+                              f"{path} and resume from an earlier checkpoint") from None
+    for name, (size, digest) in files:
         file = os.path.join(path, name)
         if not os.path.isfile(file):
             raise CheckpointError(f"checkpoint {path} is damaged: {name} is missing; delete "
@@ -246,7 +251,7 @@ def train_script(rank, world_size, steps=30, ckpt_dir=None, ckpt_every=5, kill_a
     wl = workloads.get(workload)
     dataset = TensorDataset(*wl.train_set)
     model = DDP(wl.make_model(seed))
-    counter = ddp.register_hook(model, hook)
+    counter = ddp_hooks.register_hook(model, hook)
     opt = wl.make_optimizer(model.parameters(), lr)
     sampler = ResumableSampler(dataset, num_replicas=world_size, rank=rank, seed=seed,
                                drop_last=True)

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from labutils.core.launcher import launch
 from labutils.core.rank import progress
-from labutils.core.timing import Stats
+from labutils.core.timing import Stats, slowest_rank
 
 KiB, MiB = 2 ** 10, 2 ** 20
 
@@ -199,9 +199,7 @@ def time_all_reduce_worker(rank, world_size, sizes, impls=("gloo",), repeats=5, 
                 if i >= warmup:
                     times[impl].append(time.perf_counter() - t0)
         for impl in impls:
-            slowest = torch.tensor(times[impl], dtype=torch.float64)
-            dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-            out[impl].append(slowest.tolist())
+            out[impl].append(slowest_rank(times[impl]))
     return out
 
 

@@ -10,6 +10,7 @@ checker and the benchmark.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
@@ -19,8 +20,8 @@ from torch import nn
 from labutils.core.launcher import launch
 from labutils.core.memory import measure_peak
 from labutils.core.rank import progress
-from labutils.core.timeline import Timeline, bubble_fraction, flatten
-from labutils.cost.costmodel import bubble_fraction as predicted_bubble  # (p-1)/(m+p-1)
+from labutils.core.timeline import Timeline
+from labutils.cost.step_time import bubble_fraction as predicted_bubble  # (p-1)/(m+p-1)
 from labutils.parallel.model_parallel import (
     StageLayout,
     backward_from,
@@ -33,7 +34,7 @@ from labutils.parallel.model_parallel import (
 )
 
 __all__ = ["gpipe_schedule", "one_f_one_b_schedule", "SCHEDULES", "predicted_bubble",
-           "Delay", "make_pipeline_mlp", "validate_config", "run_schedule", "pipeline_worker",
+           "Delay", "make_pipeline_mlp", "validate_config", "run_schedule", "SavedBytes", "pipeline_worker",
            "run_pipeline", "reference_train"]
 
 
@@ -140,21 +141,48 @@ def received_before(prev_ops):
     return release
 
 
-def run_schedule(ops, stage, layout, x_mbs, y_mbs, in_shape, tl, prev_ops=None,
-                 loss_fn=nn.functional.mse_loss):
-    """Run one stage's ops; gradients accumulate in ``stage``'s .grad over the micro-batches.
+class SavedBytes:
+    """Optional hook of ``run_schedule``: bytes autograd saves for backward, per micro-batch held,
+    and the most held at any one time (the pipeline's activation memory)."""
 
-    Returns (sum of micro-batch losses on the last stage, peak micro-batches held, peak bytes
-    of activations saved for backward). Tags are micro-batch indices, so a message can only
-    meet the recv it was meant for. ``prev_ops`` (the previous stage's schedule) lets sent
-    gradients be freed early (see ``received_before``).
+    def __init__(self, stage):
+        self.params = {p.untyped_storage().data_ptr() for p in stage.parameters()}
+        self.held, self.peak_microbatches, self.peak_bytes = {}, 0, 0
+
+    @contextlib.contextmanager
+    def forward(self, i):
+        counted = {}
+
+        def pack(t):   # every tensor saved for backward, each storage once, weights aside
+            st = t.untyped_storage()
+            if st.data_ptr() not in self.params:
+                counted[st.data_ptr()] = st.nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            yield
+        self.held[i] = sum(counted.values())
+        self.peak_microbatches = max(self.peak_microbatches, len(self.held))
+        self.peak_bytes = max(self.peak_bytes, sum(self.held.values()))
+
+    def backward(self, i):
+        self.held.pop(i)
+
+
+def run_schedule(ops, stage, layout, x_mbs, y_mbs, in_shape, tl, prev_ops=None,
+                 loss_fn=nn.functional.mse_loss, memory=None):
+    """Run one stage's ops; gradients accumulate in ``stage``'s .grad over the micro-batches.
+    Returns the sum of micro-batch losses on the last stage (0 elsewhere).
+
+    Tags are micro-batch indices, so a message can only meet the recv it was meant for.
+    ``prev_ops`` (the previous stage's schedule) lets sent gradients be freed early (see
+    ``received_before``). ``memory``: a ``SavedBytes`` that counts activation memory.
     """
     m = len(x_mbs)
     release = received_before(prev_ops) if prev_ops is not None else {}
-    params = {p.untyped_storage().data_ptr() for p in stage.parameters()}
-    inputs, outputs, saved = {}, {}, {}
+    inputs, outputs = {}, {}
     sent_forward, sent_backward = {}, {}    # isend handles by micro-batch
-    total_loss, peak_held, peak_bytes = 0.0, 0, 0
+    total_loss = 0.0
     for op, i in ops:
         if op == "F":
             if layout.pp_is_first_stage:
@@ -165,16 +193,8 @@ def run_schedule(ops, stage, layout, x_mbs, y_mbs, in_shape, tl, prev_ops=None,
                 stage_input.requires_grad_()
                 for j in release.get(i, ()) & sent_backward.keys():
                     sent_backward.pop(j).wait()
-            counted = {}
-
-            def pack(t, counted=counted):  # bytes autograd keeps until this micro-batch's B
-                st = t.untyped_storage()
-                if st.data_ptr() not in params:
-                    counted[st.data_ptr()] = st.nbytes()
-                return t
-
             with tl.span("forward", label=i), \
-                    torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                    (memory.forward(i) if memory else contextlib.nullcontext()):
                 out = stage(stage_input)
                 if layout.pp_is_last_stage:   # mean over the batch = sum of means / m
                     out = loss_fn(out, y_mbs[i]) / m
@@ -182,12 +202,11 @@ def run_schedule(ops, stage, layout, x_mbs, y_mbs, in_shape, tl, prev_ops=None,
                 total_loss += out.item()
             else:
                 sent_forward[i] = dist.isend(out.detach(), dst=layout.next_rank, tag=i)
-            inputs[i], outputs[i], saved[i] = stage_input, out, sum(counted.values())
-            peak_held = max(peak_held, len(outputs))
-            peak_bytes = max(peak_bytes, sum(saved.values()))
+            inputs[i], outputs[i] = stage_input, out
         elif op == "B":
             stage_input, out = inputs.pop(i), outputs.pop(i)
-            saved.pop(i)
+            if memory:
+                memory.backward(i)
             if not layout.pp_is_last_stage:
                 grad_output = torch.empty_like(out)
                 dist.recv(grad_output, src=layout.next_rank, tag=i)
@@ -204,7 +223,7 @@ def run_schedule(ops, stage, layout, x_mbs, y_mbs, in_shape, tl, prev_ops=None,
             raise ValueError(f"unknown op {op!r} in schedule; use 'F' or 'B'")
     for work in [*sent_forward.values(), *sent_backward.values()]:
         work.wait()                       # the tensors must stay alive until they are sent
-    return total_loss, peak_held, peak_bytes
+    return total_loss
 
 
 def pipeline_worker(rank, world_size, model_fn, x, y, shapes, schedule="1f1b", n_microbatches=4,
@@ -231,11 +250,13 @@ def pipeline_worker(rank, world_size, model_fn, x, y, shapes, schedule="1f1b", n
         progress(step + 1, steps, "steps")  # rank 0 drives a panel's bar
         tl = Timeline(rank)
         dist.barrier()                 # every rank starts the step together
+        memory = SavedBytes(stage)
         args = (ops, stage, layout, x_mbs, y_mbs, in_shape, tl, prev_ops)
         if measure_memory and step == steps - 1:
-            (loss, peak_held, peak_bytes), measured = measure_peak(run_schedule, *args)
+            loss, measured = measure_peak(run_schedule, *args, memory=memory)
         else:
-            loss, peak_held, peak_bytes = run_schedule(*args)
+            loss = run_schedule(*args, memory=memory)
+        peak_held, peak_bytes = memory.peak_microbatches, memory.peak_bytes
         if grads is None:
             grads = {n: p.grad.clone() for n, p in stage.named_parameters()}
         losses.append(loss)
@@ -311,50 +332,6 @@ def run_torch_pipeline(model_fn, x, y, world_size=2, schedules=("gpipe", "1f1b")
 
 
 # ---- measurements shown in 06a: bubble, micro-batch sweep ---------------------------------
-
-def measured_bubble(results):
-    """Idle share of the last step's timeline over all ranks (``lu.timeline.bubble_fraction``)."""
-    return bubble_fraction(flatten([r["spans"] for r in results]))
-
-
-def makespan(results):
-    spans = flatten([r["spans"] for r in results])
-    return max(s.end for s in spans) - min(s.start for s in spans)
-
-
-def timed_pipeline(world_size=4, n_microbatches=4, schedule="1f1b", batch_size=32,
-                   ms_per_sample=0.25, layer_ms=None, sizes=None, n_layers=8, steps=2):
-    """A pipeline whose layers sleep ``ms_per_sample`` per sample (forward; 2x backward).
-
-    Equal deliberate work per layer makes a balanced pipeline whose bubble the formula should
-    predict. Returns the per-rank results (their ``spans`` are the last step's timeline).
-    """
-    from functools import partial
-    layer_ms = layer_ms if layer_ms is not None else [ms_per_sample] * n_layers
-    model_fn = partial(make_pipeline_mlp, len(layer_ms), 16, 8, 4, layer_ms)
-    g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(batch_size, 8, generator=g), torch.randn(batch_size, 4, generator=g)
-    return run_pipeline(model_fn, x, y, world_size=world_size, schedule=schedule,
-                        n_microbatches=n_microbatches, sizes=sizes, steps=steps)
-
-
-def microbatch_sweep(world_size=4, microbatches=(1, 2, 4, 8), schedule="1f1b", batch_size=32,
-                     ms_per_sample=0.25, n_layers=8):
-    """Measured vs predicted bubble and throughput for each number of micro-batches m.
-
-    The ideal step time of a balanced pipeline is (m + p - 1) slots of one micro-batch's
-    forward + backward on one stage: 3 * ms_per_sample * layers per stage * batch / m.
-    """
-    rows = []
-    for m in microbatches:
-        results = timed_pipeline(world_size, m, schedule, batch_size, ms_per_sample,
-                                 n_layers=n_layers)
-        slot = 3 * ms_per_sample / 1e3 * (n_layers / world_size) * batch_size / m
-        rows.append({"m": m, "measured_bubble": measured_bubble(results),
-                     "predicted_bubble": predicted_bubble(world_size, m),
-                     "measured_throughput": batch_size / makespan(results),
-                     "predicted_throughput": batch_size / ((m + world_size - 1) * slot)})
-    return rows
 
 
 # ---- exercise: write the 1F1B order of one stage ------------------------------------------
