@@ -107,8 +107,6 @@ def recursive_doubling_all_reduce(tensor, group=None):
     return tensor
 
 
-tree_all_reduce = recursive_doubling_all_reduce  # the latency-bound family's representative
-
 ALL_REDUCES = {"gloo": lambda t: dist.all_reduce(t), "ring": ring_all_reduce,
                "recursive_doubling": recursive_doubling_all_reduce}
 
