@@ -11,15 +11,15 @@ import importlib
 import inspect
 
 from labutils import course
-from labutils.core import launcher as _launcher
-from labutils.core.launcher import (
+from labutils.core import forkserver as _forkserver
+from labutils.core.errors import (
     LaunchInterrupted,
     LaunchStopped,
     LaunchTimeout,
     WorkerError,
-    launch,
-    stop_all,
 )
+from labutils.core.job import stop_all
+from labutils.core.launcher import launch
 from labutils.core.rank import progress
 
 __version__ = "0.2.0"
@@ -27,7 +27,7 @@ __all__ = ["LaunchInterrupted", "LaunchStopped", "LaunchTimeout", "WorkerError",
            "stop_all", "progress", "show_source", "show_solution", "course"]
 
 # Ranks fork from a server that has imported the modules of the lower layers once.
-_launcher.set_preload(course.rank_modules())
+_forkserver.set_preload(course.rank_modules())
 
 
 def _show_interrupted(shell, etype, value, tb, tb_offset=None):

@@ -96,7 +96,8 @@ LABS = (
         "naive gradient all-reduce, hooks, buckets with overlap; each checked equal to one "
         "process and to PyTorch's DDP", "1.5",
         checkers=("average_gradients", "sync_gradients", "assign_buckets")),
-    Lab("4 DDP in practice", "04b_ddp_in_practice", ("ddp", "ddp_hooks", "checkpoint", "run"),
+    Lab("4 DDP in practice", "04b_ddp_in_practice",
+        ("ddp", "ddp_hooks", "checkpoint", "resumable_training", "run"),
         "DistributedSampler, no_sync accumulation, compression hooks, exact resume from a "
         "checkpoint, torchrun with a killed worker", "1.5",
         checkers=("no_sync_accumulation",)),
@@ -108,16 +109,16 @@ LABS = (
         "buckets, overlap and bf16", "1.5",
         checkers=("bus_bandwidth",), benchmarks=("ddp", "emulated_ddp")),
     Lab("5 Model parallelism principles 模型并行化原理", "05_model_parallel_principles",
-        ("model_parallel", "memory", "timeline", "timeline_plot"),
+        ("model_parallel", "split_matmul", "memory", "timeline", "timeline_plot"),
         "the memory wall; a naive layer split with send/recv checked equal to one process; "
         "its idle timeline; the ideas of pipelining and of splitting a matmul", "1.5",
         checkers=("naive_backward",)),
     Lab("6 Pipeline parallelism 实践", "06a_pipeline_parallel",
-        ("pipeline", "timeline", "timeline_plot"),
+        ("pipeline", "torch_pipeline", "pipeline_bubble", "timeline", "timeline_plot"),
         "GPipe and 1F1B from send/recv, checked equal; measured bubbles vs (p-1)/(m+p-1); "
         "torch.distributed.pipelining; stage balance", "1.5",
         checkers=("one_f_one_b_schedule",), benchmarks=("pipeline",)),
-    Lab("6 Tensor parallelism 实践", "06b_tensor_parallel", ("tensor_parallel",),
+    Lab("6 Tensor parallelism 实践", "06b_tensor_parallel", ("tensor_parallel", "tp_equivalence"),
         "Megatron column/row-parallel layers, parallel MLP and attention, checked equal; bytes "
         "per layer; torch.distributed.tensor.parallel", "1.5",
         checkers=("column_parallel_linear",)),

@@ -81,3 +81,28 @@ def test_the_face_lists_what_it_resolves():
                      "check_sync_gradients"):
         assert expected in names
     assert lu.ddp.BucketedDDP and lu.pipeline and lu.planner.predict
+
+
+def test_every_directly_imported_package_is_pinned():
+    """A package the library, the tools or the tests import is pinned in requirements.txt, not
+    just present because something else pulled it in."""
+    import sys
+    root = os.path.dirname(PACKAGE)
+    imported = set()
+    for folder in ("labutils", "tools", "tests"):
+        for dirpath, _, files in os.walk(os.path.join(root, folder)):
+            for name in files:
+                if name.endswith(".py"):
+                    for node in ast.walk(ast.parse(open(os.path.join(dirpath, name)).read())):
+                        if isinstance(node, ast.Import):
+                            imported |= {a.name.split(".")[0] for a in node.names}
+                        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                            imported.add(node.module.split(".")[0])
+    third_party = imported - set(sys.stdlib_module_names) - {"labutils", "tests"}
+    pinned = {line.split("==")[0].strip().lower().replace("-", "_")
+              for line in open(os.path.join(root, "requirements.txt"))
+              if "==" in line and not line.startswith("#")}
+    import_names = {"ipython": "IPython", "jinja2": "jinja2"}   # distribution -> import name
+    provided = {import_names.get(name, name) for name in pinned}
+    missing = sorted(third_party - provided)
+    assert not missing, f"imported but not pinned in requirements.txt: {missing}"

@@ -11,7 +11,7 @@ STEPS = 12
 
 
 def _train(rank, world_size, **kwargs):
-    return checkpoint.train_script(rank, world_size, steps=STEPS, batch_size=32, **kwargs)
+    return lu.resumable_training.train_script(rank, world_size, steps=STEPS, batch_size=32, **kwargs)
 
 
 @pytest.mark.lab04b

@@ -162,8 +162,7 @@ def test_check_no_sync_accumulation(answer, verdict):
 
 
 def _every_hook(rank, world_size):
-    from labutils import checkpoint
-    return {h: checkpoint.train_script(rank, world_size, steps=14, batch_size=32, hook=h,
+    return {h: lu.resumable_training.train_script(rank, world_size, steps=14, batch_size=32, hook=h,
                                        evaluate=True)
             for h in lu.ddp_hooks.HOOKS}
 

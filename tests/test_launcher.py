@@ -15,7 +15,6 @@ import pytest
 import torch
 
 import labutils as lu
-from labutils import launcher
 
 from .launch_workers import (
     allreduce_rank,
@@ -201,7 +200,7 @@ def test_interrupt_ends_every_rank(tmp_path):
 
 @pytest.mark.slow
 def test_stop_all_from_another_thread(tmp_path):
-    timer = when_started(tmp_path, launcher.stop_all)
+    timer = when_started(tmp_path, lu.stop_all)
     try:
         with pytest.raises(lu.LaunchStopped):
             lu.launch(sleep_forever, str(tmp_path), world_size=2, timeout=600)
@@ -306,7 +305,7 @@ def test_output_prefixed_and_in_rank_order(capsys):
 @pytest.mark.slow
 def test_output_to_sink_and_progress():
     lines, progress = [], []
-    with launcher.output_to(lines.append, lambda n, total, desc: progress.append((n, total))):
+    with lu.job.output_to(lines.append, lambda n, total, desc: progress.append((n, total))):
         lu.launch(report_progress, world_size=2)
         lu.launch(ordered_prints, world_size=2)
     assert progress == [(1, 3), (2, 3), (3, 3)]

@@ -68,9 +68,9 @@ def test_bad_configurations_raise_before_any_process():
     with pytest.raises(ValueError, match="use at most 6 stages"):
         mp.run_naive_model_parallel(MODEL, x, y, world_size=8)
     with pytest.raises(ValueError, match="cannot be split evenly over 3 ranks"):
-        mp.run_split_matmul(torch.ones(2, 4), torch.ones(4, 8), world_size=3, how="column")
+        lu.split_matmul.run_split_matmul(torch.ones(2, 4), torch.ones(4, 8), world_size=3, how="column")
     with pytest.raises(ValueError, match="how must be"):
-        mp.run_split_matmul(torch.ones(2, 4), torch.ones(4, 8), how="diagonal")
+        lu.split_matmul.run_split_matmul(torch.ones(2, 4), torch.ones(4, 8), how="diagonal")
 
 
 # ---- real ranks ---------------------------------------------------------------------------
@@ -119,7 +119,7 @@ def test_split_matmuls_equal_the_full_matmul(world_size):
     g = torch.Generator().manual_seed(2)
     x, w = torch.randn(5, 8, generator=g), torch.randn(8, 12, generator=g)
     for how in ("column", "row"):
-        for y in mp.run_split_matmul(x, w, world_size=world_size, how=how):
+        for y in lu.split_matmul.run_split_matmul(x, w, world_size=world_size, how=how):
             torch.testing.assert_close(y, x @ w)
 
 

@@ -69,7 +69,7 @@ def test_bad_configurations_raise_before_any_process():
     with pytest.raises(ValueError, match="unknown schedule"):
         pl.run_pipeline(MODEL, x, y, schedule="zigzag")
     with pytest.raises(ValueError, match="cannot be split into 7"):
-        pl.run_torch_pipeline(MODEL, x, y, n_microbatches=7)
+        lu.torch_pipeline.run_torch_pipeline(MODEL, x, y, n_microbatches=7)
     with pytest.raises(ValueError, match="one cost per layer"):
         pl.make_pipeline_mlp(4, layer_ms=[1.0])
 
@@ -119,7 +119,7 @@ def test_torch_pipelining_matches_the_from_scratch_pipeline(world_size):
     x, y = _batch()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        theirs = pl.run_torch_pipeline(MODEL, x, y, world_size=world_size, n_microbatches=4,
+        theirs = lu.torch_pipeline.run_torch_pipeline(MODEL, x, y, world_size=world_size, n_microbatches=4,
                                        steps=2)
         for schedule in ("gpipe", "1f1b"):
             ours = pl.run_pipeline(MODEL, x, y, world_size=world_size, schedule=schedule,

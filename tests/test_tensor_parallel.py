@@ -25,10 +25,10 @@ def test_bad_split_is_refused_before_any_process_starts(monkeypatch, hidden, hea
                                                         words):
     def no_launch(*a, **k):
         raise AssertionError("a process was started for a bad configuration")
-    monkeypatch.setattr(lu.tensor_parallel, "launch", no_launch)
+    monkeypatch.setattr(lu.tp_equivalence, "launch", no_launch)
     block = "attention" if heads else "mlp"
     with pytest.raises(ValueError, match=words):
-        tp.run_block_check(block, tp_size, hidden=hidden, num_heads=heads or 4)
+        lu.tp_equivalence.run_block_check(block, tp_size, hidden=hidden, num_heads=heads or 4)
 
 
 def test_error_names_a_valid_tensor_parallel_size():
@@ -61,7 +61,7 @@ def test_reference_comparison_can_fail():
     torch.manual_seed(0)
     fake = {"output": torch.zeros(2, 4, 16), "input_grad": torch.zeros(2, 4, 16), "grads": {}}
     with pytest.raises(AssertionError, match="rank 0, output"):
-        tp.assert_matches_reference([fake, fake], *args)
+        lu.tp_equivalence.assert_matches_reference([fake, fake], *args)
 
 
 # ---- real ranks -------------------------------------------------------------------------
@@ -71,7 +71,7 @@ def test_reference_comparison_can_fail():
 @pytest.mark.parametrize("block", ["mlp", "attention"])
 def test_parallel_block_equals_single_process(block, world_size):
     # run_block_check asserts output, input grad and every parameter-grad slice per rank.
-    res = tp.run_block_check(block, world_size, batch=2, seq=4, hidden=16, num_heads=4)
+    res = lu.tp_equivalence.run_block_check(block, world_size, batch=2, seq=4, hidden=16, num_heads=4)
     assert set(res["max_abs_diff"]) >= {"output", "input grad"}
     assert len(res["max_abs_diff"]) == 2 + 4          # two weights and two biases checked
     formula = tp.comm_bytes_formula(2, 4, 16, world_size)
@@ -112,7 +112,7 @@ def test_column_parallel_with_gathered_output_equals_linear(world_size):
 
 @pytest.mark.slow
 def test_parallelize_module_equals_reference_and_our_shards():
-    res = tp.run_dtensor_check(2)
+    res = lu.tp_equivalence.run_dtensor_check(2)
     assert res["placements"] == {"fc1.weight": "S(0)", "fc1.bias": "S(0)",
                                  "fc2.weight": "S(1)", "fc2.bias": "R"}
     assert res["comm_counts"] == {"all_reduce": 2}    # one forward, one backward, as ours

@@ -15,7 +15,7 @@ def _torchrun(tmp_path, name, *args):
     out = str(tmp_path / f"{name}.pt")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
            "--max-restarts=1", "-m", "labutils.core.run",
-           "labutils.parallel.checkpoint:train_script",
+           "labutils.experiments.resumable_training:train_script",
            "--steps", "12", "--batch-size", "32", "--out", out, *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)

@@ -311,8 +311,7 @@ def _sync_sgd():
 
 
 def _checkpointed_training():
-    from labutils import checkpoint
-    return lu.launch(checkpoint.train_script, steps=4, batch_size=16, world_size=2)[0]
+    return lu.launch(lu.resumable_training.train_script, steps=4, batch_size=16, world_size=2)[0]
 
 
 def _ddp_versions():
@@ -325,7 +324,6 @@ def _emulated_links():
 
 
 def _pipeline():
-    from labutils import pipeline
     return lu.pipeline_bubble.timed_pipeline(2, 2, "1f1b", batch_size=4, n_layers=2, ms_per_sample=0.1)
 
 

@@ -5,7 +5,9 @@ import tempfile
 import time
 
 from labutils.bench.suite import Row
-from labutils.core.launcher import LaunchStopped, launch, stop_all
+from labutils.core.errors import LaunchStopped
+from labutils.core.job import stop_all
+from labutils.core.launcher import launch
 from labutils.core.timing import Stats, interleaved
 
 

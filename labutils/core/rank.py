@@ -152,7 +152,11 @@ def _worker(rank, world_size, payload, port, prefix, backend, threads, out_w, re
         dist.destroy_process_group()
     except BaseException as e:  # noqa: BLE001 - every failure goes back to the caller
         sys.stdout.flush(), sys.stderr.flush()
-        # Trim the launcher's own frames so the traceback starts at the learner's code.
-        tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+        # Trim this module's own frames so the traceback starts at the learner's code (all of
+        # it, when the error was raised here).
+        frames = e.__traceback__
+        while frames is not None and frames.tb_frame.f_code.co_filename == __file__:
+            frames = frames.tb_next
+        tb = "".join(traceback.format_exception(type(e), e, frames or e.__traceback__))
         _send(res_w, ("error", time.time(), type(e).__name__, str(e).strip(), tb, started))
         os._exit(1)  # skip destroy_process_group: peers may be gone and it could block

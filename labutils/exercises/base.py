@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from labutils.core.launcher import LaunchTimeout, WorkerError, launch
+from labutils.core.errors import LaunchTimeout, WorkerError
+from labutils.core.launcher import launch
 
 FILL_ME_IN = "fill in the lines marked # FILL ME IN"
 _RESERVED = {"world_size", "backend", "timeout", "threads_per_rank", "warn_oversubscription"}

@@ -5,7 +5,7 @@ and gradient accumulation with ``no_sync``.
   ``AllReduceBytes`` counter of what the rank hands to ``dist.all_reduce``;
 * ``accumulate_with_no_sync``: k micro-batches, one all-reduce round (the last backward).
 
-The script torchrun runs in 04b is ``labutils.parallel.checkpoint.train_script``.
+The script torchrun runs in 04b is ``labutils.experiments.resumable_training.train_script``.
 """
 from __future__ import annotations
 

@@ -21,8 +21,6 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from labutils.core.launcher import launch
-
 # ---- layout and communication bookkeeping ---------------------------------------------
 
 @dataclass
@@ -244,112 +242,6 @@ def reference_shards(name, grad, layout):
 # ---- workers: parallel block vs single-process block, on real ranks ---------------------
 # The ranks only run the parallel block and send back what they computed; the caller runs the
 # single-process reference and asserts equality (one process pays for torch.testing's imports).
-
-def _reference_and_inputs(block, batch, seq, hidden, num_heads, seed):
-    torch.manual_seed(seed)  # every rank builds the same reference, input and upstream gradient
-    ref = MLP(hidden) if block == "mlp" else SelfAttention(hidden, num_heads)
-    x = torch.randn(batch, seq, hidden)
-    dy = torch.randn(batch, seq, hidden)  # a random upstream gradient exercises every path
-    return ref, x, dy
-
-
-def _forward_backward(model, x, dy):
-    x = x.clone().requires_grad_()
-    y = model(x)
-    (y * dy).sum().backward()
-    return y.detach(), x.grad, {n: p.grad for n, p in model.named_parameters()}
-
-
-def parallel_block(rank, world_size, block="mlp", batch=2, seq=4, hidden=16, num_heads=4,
-                   seed=0):
-    """Worker: build the tensor-parallel block from the seeded reference, run forward and
-    backward, count the bytes each collective carried."""
-    ref, x, dy = _reference_and_inputs(block, batch, seq, hidden, num_heads, seed)
-    layout = TPLayout(rank, world_size, counter=CommCounter())
-    par = ParallelMLP(ref, layout) if block == "mlp" else ParallelSelfAttention(ref, layout)
-    x = x.clone().requires_grad_()
-    y = par(x)
-    forward = (layout.counter.bytes("forward"), layout.counter.calls("forward"))
-    (y * dy).sum().backward()
-    return {"output": y.detach(), "input_grad": x.grad,
-            "grads": {n: p.grad for n, p in par.named_parameters()},
-            "forward_bytes": forward[0], "forward_calls": forward[1],
-            "backward_bytes": layout.counter.bytes("backward"),
-            "backward_calls": layout.counter.calls("backward")}
-
-
-def assert_matches_reference(results, block, batch=2, seq=4, hidden=16, num_heads=4, seed=0):
-    """Assert every rank's output, input gradient and parameter-gradient slice equal the
-    single-process block's; return the largest absolute difference of each, over ranks."""
-    ref, x, dy = _reference_and_inputs(block, batch, seq, hidden, num_heads, seed)
-    y_ref, x_grad_ref, grads_ref = _forward_backward(ref, x, dy)
-    world_size, max_diff = len(results), {}
-
-    def check(what, got, expected, rank):
-        torch.testing.assert_close(got, expected, msg=lambda m: f"rank {rank}, {what}: {m}")
-        max_diff[what] = max(max_diff.get(what, 0.0), (got - expected).abs().max().item())
-
-    for rank, res in enumerate(results):
-        check("output", res["output"], y_ref, rank)
-        check("input grad", res["input_grad"], x_grad_ref, rank)
-        layout = TPLayout(rank, world_size)
-        for name, grad in res["grads"].items():
-            check(f"{name} grad", grad, reference_shards(name, grads_ref[name], layout), rank)
-    return max_diff
-
-
-def run_block_check(block="mlp", tp_world_size=2, batch=2, seq=4, hidden=16, num_heads=4,
-                    seed=0):
-    """Check the configuration, run ``parallel_block`` on ``tp_world_size`` ranks, assert it
-    equals the single-process block. Returns max differences and bytes per rank."""
-    if block not in ("mlp", "attention"):
-        raise ValueError(f"block must be 'mlp' or 'attention'; got {block!r}")
-    validate_tp_config(hidden, num_heads if block == "attention" else None, tp_world_size)
-    args = (block, batch, seq, hidden, num_heads, seed)
-    results = launch(parallel_block, *args, world_size=tp_world_size,
-                     warn_oversubscription=False)
-    max_diff = assert_matches_reference(results, *args)
-    keys = ("forward_bytes", "forward_calls", "backward_bytes", "backward_calls")
-    return {"max_abs_diff": max_diff, **{k: results[0][k] for k in keys},
-            "param_shapes": {n: tuple(g.shape) for n, g in results[0]["grads"].items()}}
-
-
-def dtensor_mlp(rank, world_size, batch=2, seq=4, hidden=16, seed=0):
-    """Worker: the same MLP through PyTorch's ``parallelize_module`` on a CPU DeviceMesh."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.debug import CommDebugMode
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        RowwiseParallel,
-        parallelize_module,
-    )
-    model, x, dy = _reference_and_inputs("mlp", batch, seq, hidden, None, seed)
-    mesh = init_device_mesh("cpu", (world_size,), mesh_dim_names=("tp",))
-    parallelize_module(model, mesh, {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
-    with CommDebugMode() as comm:
-        y, x_grad, grads = _forward_backward(model, x, dy)
-    return {"output": y, "input_grad": x_grad,
-            "grads": {n: g.to_local() for n, g in grads.items()},  # this rank's shard
-            "full_grads": {n: g.full_tensor() for n, g in grads.items()},
-            "placements": {n: str(p.placements[0]) for n, p in model.named_parameters()},
-            "comm_counts": {str(k).split(".")[-1]: v
-                            for k, v in comm.get_comm_counts().items()}}
-
-
-def run_dtensor_check(tp_world_size=2, batch=2, seq=4, hidden=16, seed=0):
-    """``parallelize_module`` (ColwiseParallel fc1, RowwiseParallel fc2) on real ranks:
-    asserted equal to the single-process MLP, and its local shards to ``ParallelMLP``'s."""
-    validate_tp_config(hidden, None, tp_world_size)
-    results = launch(dtensor_mlp, batch, seq, hidden, seed, world_size=tp_world_size,
-                     warn_oversubscription=False)
-    max_diff = assert_matches_reference(results, "mlp", batch, seq, hidden, 4, seed)
-    ref, x, dy = _reference_and_inputs("mlp", batch, seq, hidden, None, seed)
-    _, _, grads_ref = _forward_backward(ref, x, dy)
-    for res in results:
-        for name, g in res["full_grads"].items():
-            torch.testing.assert_close(g, grads_ref[name])
-    return {"max_abs_diff": max_diff, "placements": results[0]["placements"],
-            "comm_counts": results[0]["comm_counts"]}
 
 
 def column_parallel_linear(rank, world_size, x, weight_shard, bias_shard):

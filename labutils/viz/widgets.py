@@ -20,7 +20,7 @@ The run happens in a background thread so the kernel stays responsive: the Run b
 disabled until it ends (a double click never starts two jobs); Stop, or JupyterLab's Stop
 (the kernel interrupt), ends every rank and shows "stopped: every rank was ended", also when
 pressed before the ranks started (the launch then starts nothing); rank output and rank 0's
-``lu.progress`` calls go to the panel (``launcher.output_to``); a new run clears the last one's
+``lu.progress`` calls go to the panel (``job.output_to``); a new run clears the last one's
 result, error and status; an error shows as ``error: rank N: ExcType: message``. The panel's outputs are widget *state* (``Output.outputs``), so they work
 from a thread and can be tested without a browser. ``Panel.run(**overrides)`` runs it from
 code and returns the result (or raises).
@@ -36,7 +36,7 @@ import time
 
 import ipywidgets as W
 
-from labutils.core import launcher
+from labutils.core import errors, job
 
 _LOG_LINES = 200  # rank output kept in the panel's log
 _CONTROL_HELP = ("use (min, max[, step[, value]]) for a slider, [options] for a dropdown, "
@@ -116,7 +116,7 @@ def _text_output(text, name="stdout"):
 
 def describe_error(e):
     """``rank N: ExcType: message`` for launch errors, ``ExcType: message`` otherwise."""
-    if isinstance(e, launcher.WorkerError):
+    if isinstance(e, errors.WorkerError):
         return str(e)
     return f"{type(e).__name__}: {e}"
 
@@ -271,16 +271,16 @@ class Panel:
     def _work(self, values):
         start = time.monotonic()
         try:
-            with launcher.output_to(self._write, self._on_progress) as sink:
+            with job.output_to(self._write, self._on_progress) as sink:
                 self._sink = sink
                 sink.stopped = self._stop_requested   # Stop pressed before this line
                 result = self._run_fn(**values)
             self.result = result
             self.output.outputs = self._draw(result)
             self.status.value = f"done in {time.monotonic() - start:.1f} s"
-        except launcher.LaunchStopped as e:
+        except errors.LaunchStopped as e:
             self.error = e
-            self.output.outputs = (_text_output(launcher.STOPPED, "stderr"),)
+            self.output.outputs = (_text_output(errors.STOPPED, "stderr"),)
             self.status.value = "stopped"
         except Exception as e:  # noqa: BLE001 - any error shows in the panel, which stays usable
             self.error = e
