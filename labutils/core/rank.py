@@ -97,9 +97,9 @@ def _exit_barrier(store, world_size):
     store.wait(["all_finished"])
 
 
-def _worker(rank, world_size, payload, port, prefix, backend, threads, out_w, res_w,
-            stack_path, launcher_pid, timeout):
-    global _PROGRESS_CONN
+def _set_up_process(out_w, stack_path, launcher_pid):
+    """The rank's process, before torch: output to the caller, death with it, a stack dump on
+    SIGUSR1, gloo on loopback."""
     if hasattr(signal, "pthread_sigmask"):  # before any thread starts, so all inherit it
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     _forget_forkserver()
@@ -122,6 +122,13 @@ def _worker(rank, world_size, payload, port, prefix, backend, threads, out_w, re
         os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     elif sys.platform == "darwin":
         os.environ["GLOO_SOCKET_IFNAME"] = "lo0"
+    return stack_file   # kept open by the caller for as long as the rank lives
+
+
+def _worker(rank, world_size, payload, port, prefix, backend, threads, out_w, res_w,
+            stack_path, launcher_pid, timeout):
+    global _PROGRESS_CONN
+    stack_file = _set_up_process(out_w, stack_path, launcher_pid)  # noqa: F841
     if rank == 0:
         _PROGRESS_CONN = res_w
     if hasattr(signal, "sigwait"):
