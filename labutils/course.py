@@ -6,7 +6,8 @@ which exercise checkers it has and which benchmarks measure it. It drives:
 * the face: ``lu.<module>`` and ``lu.check_<name>`` (``labutils/__init__.py``);
 * the forkserver's preload (modules of the lower layers that ranks import);
 * the benchmark list (``python -m labutils.bench``);
-* the README's table of labs and the map in ``01_introduction`` (``python -m labutils.course``).
+* the README's table of labs (``python -m labutils.course``) and the map in ``01_introduction``
+  (``show_map``).
 
 Module short names are file names; ``MODULES`` finds them in the layer folders (bench aside)
 without importing anything, and a test keeps every name unique.

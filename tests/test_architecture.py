@@ -69,6 +69,12 @@ def test_every_benchmark_is_registered_and_runs_through_run():
         assert callable(importlib.import_module(f"labutils.bench.{name}").run)
 
 
+def test_every_lab_names_modules_that_exist():
+    for lab in course.LABS:
+        unknown = [m for m in lab.modules if m not in course.MODULES]
+        assert not unknown, f"{lab.notebook} names modules that do not exist: {unknown}"
+
+
 def test_preload_names_only_the_layers_ranks_use():
     layers = {path.split(".")[1] for path in course.rank_modules()}
     assert layers <= set(course.RANK_LAYERS)

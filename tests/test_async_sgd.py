@@ -1,4 +1,4 @@
-"""labutils.async_sgd: sync SGD equals single-process SGD; the async ones converge."""
+"""labutils.parallel.async_sgd: sync SGD equals single-process SGD; the async ones converge."""
 import functools
 
 import pytest

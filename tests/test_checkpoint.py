@@ -1,4 +1,4 @@
-"""labutils.checkpoint: atomic, verified checkpoints; resume after a kill is bit-exact."""
+"""labutils.parallel.checkpoint: atomic, verified checkpoints; resume after a kill is bit-exact."""
 import os
 
 import pytest

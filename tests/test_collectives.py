@@ -1,4 +1,4 @@
-"""labutils.collectives: ring and recursive-doubling all-reduce equal dist.all_reduce."""
+"""labutils.parallel.collectives: ring and recursive-doubling all-reduce equal dist.all_reduce."""
 import pytest
 import torch
 

@@ -1,4 +1,5 @@
-"""Tests of labutils.costmodel: closed forms, the fit, emulated links, step-time models."""
+"""Tests of labutils.cost.costmodel: closed forms, the fit; emulated links (parallel.emulation)
+and step-time models (cost.step_time)."""
 import math
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""labutils.ddp: each from-scratch DDP version equals single-process training and PyTorch DDP."""
+"""labutils.parallel.ddp: each from-scratch DDP version equals single-process training and PyTorch DDP."""
 import pytest
 import torch
 

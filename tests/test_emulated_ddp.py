@@ -1,4 +1,4 @@
-"""Tests of labutils.emulated_ddp: DDP on emulated links (04c section 6)."""
+"""Tests of labutils.experiments.emulated_ddp: DDP on emulated links (04c section 6)."""
 import pytest
 
 from labutils import costmodel as cm

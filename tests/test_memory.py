@@ -1,4 +1,4 @@
-"""labutils.memory: the memory formula against the measured peak of a real training step."""
+"""labutils.core.memory: the memory formula against the measured peak of a real training step."""
 import functools
 
 import pytest

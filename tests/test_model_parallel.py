@@ -1,4 +1,4 @@
-"""labutils.model_parallel: naive model parallelism, checked against one process (lab 05)."""
+"""labutils.parallel.model_parallel: naive model parallelism, checked against one process (lab 05)."""
 import itertools
 import warnings
 from functools import partial

@@ -1,4 +1,4 @@
-"""labutils.models: output shapes, parameter counts the labs quote, causality of CharGPT."""
+"""labutils.data.models: output shapes, parameter counts the labs quote, causality of CharGPT."""
 import pytest
 import torch
 

@@ -1,4 +1,4 @@
-"""labutils.pipeline: GPipe and 1F1B from send/recv, checked against one process (lab 06a)."""
+"""labutils.parallel.pipeline: GPipe and 1F1B from send/recv, checked against one process (lab 06a)."""
 import warnings
 from functools import partial
 

@@ -1,4 +1,4 @@
-"""Tests of labutils.planner (and planspec, published): ZeRO memory, exact parameter and FLOP
+"""Tests of labutils.cost.planner (and planspec, published): ZeRO memory, exact parameter and FLOP
 counts against an instantiated model, the pipeline bubble, today's layouts, published rows."""
 import csv
 import math

@@ -1,4 +1,4 @@
-"""ZeRO from scratch (labutils.sharding, lab 06c): stages 1-3 equal to plain data parallelism and
+"""ZeRO from scratch (labutils.parallel.sharding, lab 06c): stages 1-3 equal to plain data parallelism and
 to single-process training over several steps on 2 and 4 real ranks; model state held per rank
 equal to the ZeRO paper's formula; communication volume counted; FSDP2 equal too; a data x
 tensor DeviceMesh equal to one process; bad configurations refused before launch."""

@@ -1,4 +1,4 @@
-"""labutils.shm_allreduce: equal to dist.all_reduce, usable as a DDP comm hook, leaves no segment."""
+"""labutils.parallel.shm_allreduce: equal to dist.all_reduce, usable as a DDP comm hook, leaves no segment."""
 import os
 
 import pytest

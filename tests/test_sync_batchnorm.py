@@ -1,4 +1,4 @@
-"""labutils.sync_batchnorm: equal to single-process BatchNorm on the whole batch."""
+"""labutils.parallel.sync_batchnorm: equal to single-process BatchNorm on the whole batch."""
 import pytest
 import torch
 from torch import nn

@@ -1,4 +1,4 @@
-"""Megatron tensor parallelism (labutils.tensor_parallel, lab 06b): every parallel block equal to
+"""Megatron tensor parallelism (labutils.parallel.tensor_parallel, lab 06b): every parallel block equal to
 its single-process block (outputs and all gradients) on 2 and 4 real ranks, bytes counted equal
 to the formula, PyTorch's parallelize_module equal too, bad splits refused before launch."""
 import pytest

@@ -1,4 +1,4 @@
-"""labutils.workloads: each workload trains (its loss falls over a few steps), is deterministic
+"""labutils.data.workloads: each workload trains (its loss falls over a few steps), is deterministic
 given a seed, and measures what it says (accuracy in 0..1, perplexity >= 1)."""
 import math
 

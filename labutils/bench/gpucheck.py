@@ -126,7 +126,7 @@ def summarise(result, cfg, peak):
 
 
 def no_gpu_message():
-    return ("labutils.gpucheck: no CUDA device found (torch.cuda.is_available() is False), so "
+    return ("labutils.bench.gpucheck: no CUDA device found (torch.cuda.is_available() is False), so "
             "nothing was run. This check needs one NVIDIA GPU; the course's labs and tests run "
             "on CPU without one.")
 

@@ -25,7 +25,7 @@ import torch.utils.checkpoint  # noqa: F401
 
 import labutils.core.launcher  # noqa: F401
 
-# The course's modules used inside ranks, named by the launcher (from the course map); a broken
+# The course's modules used inside ranks, named by the face through ``core.forkserver.set_preload`` (from the course map); a broken
 # one must not take the forkserver down: its own import reports it in the rank.
 for _name in filter(None, os.environ.get("LABUTILS_PRELOAD", "").split(",")):
     try:

@@ -1,5 +1,5 @@
 """Tables as text: aligned columns for a notebook's output, Markdown for files (the benchmark
-results, the README's map of labs). Numbers print to 4 significant digits."""
+results). Numbers print to 4 significant digits."""
 from __future__ import annotations
 
 

@@ -1,4 +1,4 @@
-"""Per-rank timelines: record spans of work in each rank, draw them as a Gantt chart.
+"""Per-rank timelines: record spans of work in each rank (drawn by ``labutils.viz.timeline_plot``).
 
 Used by 04c (compute vs communication), 05 (idle ranks in naive model parallelism) and 06a
 (pipeline bubbles). ``time.perf_counter`` is a system-wide monotonic clock on Linux, macOS and
@@ -74,7 +74,7 @@ def bubble_fraction(spans, names=None):
     return 1.0 - busy_fraction(spans, names)
 
 
-# ---- plot helpers, shared with lu.profile.plot_overlap ----------------------------------------
+# ---- export --------------------------------------------------------------------------------
 
 
 def to_chrome_trace(spans, path):

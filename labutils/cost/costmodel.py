@@ -1,8 +1,9 @@
-"""The alpha-beta cost model of collectives, its fit to measurements, and step-time models.
+"""The alpha-beta cost model of collectives, its fit to measurements, named links and the
+bandwidth figures nccl-tests reports.
 
-Used by 03a (fit alpha and beta to measured all-reduce times), 04c (emulated links as a DDP
-comm hook; predicted vs measured speedup), 06a (the bubble formula) and 07 (the model calibrated
-here predicts scale; ``lu.planner`` builds on the step-time models at the end).
+Used by 03a (fit alpha and beta to measured all-reduce times), 04c (predicted vs measured
+speedup, with ``step_time``) and 07 (the model calibrated here predicts scale; ``lu.planner``
+builds on ``step_time`` at the end).
 
 Units, everywhere in this module: ``nbytes`` in bytes, times in seconds, ``alpha`` (latency per
 message step) in seconds, ``beta`` (inverse bandwidth) in seconds per byte, so a link of
@@ -222,8 +223,6 @@ def get_link(link):
     raise TypeError(f"link must be a name ({', '.join(LINKS)}), a Link or (alpha, beta); "
                     f"got {link!r}")
 
-
-# ---- step-time models: compute + communication - overlap + pipeline bubble ---------------
 
 
 # ---- the figures nccl-tests reports ----------------------------------------------------------

@@ -1,7 +1,7 @@
 """A scaling planner: memory and step time of transformer training layouts on many GPUs.
 Used by 07_conclusion_outlook (and 06c for the ZeRO memory formula); checked against published
-runs in ``labutils.published``. What it plans for (``Transformer``, ``Hardware``, ``Layout``)
-lives in ``labutils.planspec`` and is re-exported here.
+runs in ``labutils.cost.published``. What it plans for (``Transformer``, ``Hardware``,
+``Layout``) lives in ``labutils.cost.planspec``; the names it needs are imported here.
 
 ``predict`` builds one micro-batch on the slowest pipeline rank: its arithmetic (FLOPs over
 ``efficiency`` x peak, and the memory-bound operations between the matmuls at the HBM's

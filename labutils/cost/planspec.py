@@ -1,6 +1,6 @@
 """What the scaling planner plans for: the model (``Transformer``), the machine (``Hardware``)
-and how the GPUs are used (``Layout``), plus the ZeRO model-state formula. ``labutils.planner``
-predicts step time and memory from them (and re-exports every name here).
+and how the GPUs are used (``Layout``), plus the ZeRO model-state formula.
+``labutils.cost.planner`` predicts step time and memory from them.
 
 ``Transformer`` covers today's decoder-only LLMs: FFN width, grouped-query attention, tied or
 untied embeddings, gated (SwiGLU) MLPs; its parameter and FLOP counts are exact for the

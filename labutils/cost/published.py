@@ -2,7 +2,7 @@
 
 Every row comes from a paper's table (``data/published/*.csv``, each with its citation and
 uncertainty). The planner has three fitted constants, the default ``efficiency`` of A100, V100
-and (by assumption, not by fit) H100 in ``labutils.planspec.HARDWARE``; ``FITS`` says which one
+and (by assumption, not by fit) H100 in ``labutils.cost.planspec.HARDWARE``; ``FITS`` says which one
 row each was fitted to, and ``fitted_efficiency`` re-derives it. Every other row is held out:
 ``validate`` reports the planner's error on them beside a baseline that predicts the fitted
 row's per-GPU throughput for every row of the same GPU.

@@ -5,8 +5,8 @@
 * video: moving-digit clips generated deterministically from the digits, ``moving_digits(split)``.
 
 Every function returns plain tensors ``(X, y)`` (or token ids) and is cached, so calling it in
-every rank is cheap. Used by ``labutils.workloads`` and the notebooks 02_pytorch_essentials,
-03b_scenarios and the DDP / parallelism labs through ``labutils.workloads``.
+every rank is cheap. Used by ``labutils.data.workloads`` and the notebooks 02_pytorch_essentials,
+03b_scenarios and the DDP / parallelism labs through ``labutils.data.workloads``.
 """
 from __future__ import annotations
 

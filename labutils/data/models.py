@@ -5,7 +5,7 @@
 * ``ClipCNN3d``: two 3-D convolutions over (time, height, width) for moving-digit clips
   (~6 k parameters but the most arithmetic per parameter: the ratio 03b_scenarios measures).
 
-Used through ``labutils.workloads`` by 02_pytorch_essentials, 03b_scenarios and the DDP,
+Used through ``labutils.data.workloads`` by 02_pytorch_essentials, 03b_scenarios and the DDP,
 pipeline and tensor-parallel labs (``CharGPT`` has the attention/MLP blocks those labs split).
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Three training workloads sized for a laptop: ``get("digits")``, ``get("text")``, ``get("video")``.
 
 A ``Workload`` bundles data, a model factory, a loss and a quality measure, so a training loop
-(``labutils.train``) or a parallel lab needs only the name::
+(``labutils.data.train``) or a parallel lab needs only the name::
 
     wl = lu.workloads.get("digits")
     model = wl.make_model(seed=0)                  # same seed -> same initial weights

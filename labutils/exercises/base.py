@@ -1,6 +1,6 @@
 """Exercise checkers: run the learner's function on real ranks and name the first difference.
 
-Used by the exercises at the end of every lab (first in ``04a_ddp_from_scratch``); each lab's
+Used by the exercises at the end of most labs (first in ``03a_parallelism_concepts``); each lab's
 module defines its ``check_<name>`` with :func:`run_check`, and ``lu.check_<name>(my_fn)`` finds
 it. A checker never raises for a wrong answer: it returns a :class:`CheckResult` whose text is
 one line (shown once as the cell's output), so a notebook that checks an unfilled stub stores no
@@ -16,7 +16,8 @@ A checker is three pieces::
         return run_check("average_gradients", learner_fn, _average_gradients_harness,
                          make_cases(world_sizes=(2, 3, 4)))
 
-The worked example below (``average_gradients``, the core of DDP) is the one the tests use.
+The worked example (``average_gradients``, the core of DDP, in ``lab04a.py``) is the one the
+tests use.
 """
 from __future__ import annotations
 
@@ -251,7 +252,3 @@ def run_check(name, learner_fn, harness, cases, *, timeout=20.0, atol=1e-5, rtol
     return CheckResult(True, f"[ok] {name}: {total} case{'s' * (total != 1)} passed "
                              f"(world size{'s' * (len(sizes) != 1)} "
                              f"{', '.join(map(str, sizes))})")
-
-
-# ----------------------------------------------------------------------------------------
-# Worked example: averaging gradients across ranks (the heart of data parallelism, lab 04a).

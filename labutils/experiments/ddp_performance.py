@@ -1,12 +1,13 @@
 """Where a DDP step's time goes: bandwidths, scaling runs, per-rank timelines (04c, bench ddp).
 
-* ``bus_bandwidth``: the all-reduce figure nccl-tests reports, size / time * 2(p-1)/p, comparable
-  across world sizes and with the memory-copy bandwidth (``memcpy_bandwidth``);
+* ``memcpy_bandwidth``: one memory copy's bytes/s, to compare with the all-reduce's bus
+  bandwidth (``lu.costmodel.bus_bandwidth``);
 * ``allreduce_worker``: gloo vs the shared-memory all-reduce, interleaved, per message size;
 * ``ddp_step_worker``: seconds per DDP training step of the digits CNN (strong or weak scaling,
   plain gloo or the shared-memory comm hook);
-* ``timeline_worker`` + ``plot_overlap``: forward, backward and each bucket's all-reduce as spans,
-  drawn on two lanes per rank (compute above, communication below) so overlap is visible;
+* ``timeline_worker``: forward, backward and each bucket's all-reduce as spans, drawn by
+  ``lu.timeline_plot.plot_overlap`` on two lanes per rank (compute above, communication below)
+  so overlap is visible;
   ``lu.timeline.to_chrome_trace`` writes the same spans for Perfetto.
 """
 from __future__ import annotations
@@ -138,7 +139,7 @@ def overlap_fraction(spans):
     return hidden / total if total else 0.0
 
 
-# ---- python -m labutils.bench ddp ------------------------------------------------------------
+# ---- every DDP version timed side by side (04a) ---------------------------------------------
 
 
 def time_versions(rank, world_size, hidden=256, batch_size=128, repeats=5, bucket_cap_mb=0.5,

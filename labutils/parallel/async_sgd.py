@@ -167,7 +167,7 @@ def reference_sgd(X, y, cfg, world_size, first_rank=0):
 def _reference_sgd(X, y, cfg, ranks):
     params = init_params(X.shape[1], 10, cfg)
     for step in range(cfg.steps):
-        progress(step + 1, cfg.steps, "steps")  # rank 0 drives a panel's bar
+        progress(step + 1, cfg.steps, "steps")  # the caller drives a panel's bar
         idx = torch.cat([batch_indices(cfg, r, step, len(X)) for r in ranks])
         _, grad = loss_and_grad(params, X[idx], y[idx], cfg.hidden)
         params -= cfg.lr * grad
@@ -307,7 +307,7 @@ def _delayed_sgd(X, y, cfg, staleness):
     old = collections.deque([params.clone()], maxlen=staleness + 1)
     points = [(0, full_loss(params, X, y, cfg.hidden))]
     for step in range(cfg.steps):
-        progress(step + 1, cfg.steps, "steps")  # rank 0 drives a panel's bar
+        progress(step + 1, cfg.steps, "steps")  # the caller drives a panel's bar
         idx = batch_indices(cfg, 0, step, len(X))
         _, grad = loss_and_grad(old[0], X[idx], y[idx], cfg.hidden)
         params -= cfg.lr * grad

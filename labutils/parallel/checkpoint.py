@@ -223,6 +223,3 @@ def load(path, model, optimizer, sampler=None):
     if sampler is not None and mine["sampler"] is not None:
         sampler.load_state_dict(mine["sampler"])
     return mine
-
-
-# ---- the training script of 04b: DDP, DistributedSampler, checkpoints, a fault -----------

@@ -1,7 +1,7 @@
 """Naive model parallelism: one sequential model cut into stages, one stage per rank.
 
 Used by 05_model_parallel_principles; the splitting helpers and ``StageLayout`` are reused by
-06a_pipeline_parallel (``labutils.pipeline``). Activations travel forward and gradients travel
+06a_pipeline_parallel (``labutils.parallel.pipeline``). Activations travel forward and gradients travel
 back with ``dist.send`` / ``dist.recv``; every result is checked against one process running
 the whole model (``reference_step``).
 """

@@ -4,9 +4,9 @@ Used by 06a_pipeline_parallel (and, for the idea of micro-batches, 05_model_para
 A schedule is a plain list of ("F", i) / ("B", i) operations per stage; one executor runs any
 schedule with blocking ``recv`` and non-blocking ``isend``, so a schedule whose dependencies are
 acyclic cannot deadlock. Gradients are accumulated over the micro-batches and checked against
-one process training on the whole batch. Below the executor: PyTorch's own
-``torch.distributed.pipelining`` on the same stages, measurements (bubble, memory), the exercise
-checker and the benchmark.
+one process training on the whole batch. PyTorch's own ``torch.distributed.pipelining`` on the
+same stages is ``torch_pipeline``; the measured bubble is ``experiments.pipeline_bubble``, the
+checker ``exercises.lab06a`` and the benchmark ``bench.pipeline``.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Used by ``03c_challenges`` (data inconsistency: each rank's BatchNorm sees only its own
 shard of the batch) and its exercise ``check_sync_batch_stats``. PyTorch's
-``nn.SyncBatchNorm`` refuses CPU tensors, so this is the same algorithm in about 60 lines:
+``nn.SyncBatchNorm`` refuses CPU tensors, so this is the same algorithm in about 80 lines:
 
 * forward: ONE all-reduce of (per-channel sum, sum of squares, count) gives the mean and the
   variance of the whole global batch; every rank normalises with them and updates its running

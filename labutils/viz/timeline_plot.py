@@ -76,7 +76,7 @@ def _room(ax, bar, part, pad):
 
 @functools.cache
 def _fit_labels_class():
-    # built on first use: workers import this module and must not pay for matplotlib
+    # built on first use: importing labutils.viz stays free of matplotlib's artist classes
     from matplotlib.artist import Artist
 
     class FitLabels(Artist):

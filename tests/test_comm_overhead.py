@@ -1,4 +1,4 @@
-"""labutils.gradient_sync: flat, bucketed and compressed all-reduce equal per-tensor all-reduce."""
+"""labutils.experiments.comm_overhead: flat, bucketed and compressed all-reduce equal per-tensor all-reduce."""
 import pytest
 import torch
 

@@ -1,4 +1,4 @@
-"""labutils.profile and labutils.plots: bandwidth arithmetic, overlap, timelines from real ranks."""
+"""labutils.experiments.ddp_performance and labutils.viz.plots: bandwidth arithmetic, overlap, timelines from real ranks."""
 import json
 
 import matplotlib
