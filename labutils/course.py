@@ -80,7 +80,7 @@ LABS = (
         "dynamic graphs, autograd vs finite differences, a training loop on real digits, "
         "saving weights; the torch.distributed map with each launcher run once", "1.5"),
     Lab("3.1 Concepts 基本概念", "03a_parallelism_concepts",
-        ("collectives", "costmodel", "async_sgd", "figures"),
+        ("collectives", "costmodel", "async_sgd", "staleness", "figures"),
         "every collective on 4 ranks, drawn; ring all-reduce from send/recv vs dist.all_reduce; "
         "latency and bandwidth fitted (alpha-beta); sync vs async SGD and staleness", "1.5",
         checkers=("ring_all_reduce",), benchmarks=("collectives", "costmodel")),
@@ -88,7 +88,7 @@ LABS = (
         "image, language and video workloads on 1 and 2 ranks; compute-to-communication "
         "ratio explains which scales", "1.5", checkers=("shard_batch",)),
     Lab("3.3 Challenges 挑战", "03c_challenges",
-        ("comm_overhead", "collectives", "sync_batchnorm", "memory"),
+        ("comm_overhead", "collectives", "sync_batchnorm", "async_sgd", "staleness", "memory"),
         "small messages vs buckets, compression; set_epoch, BatchNorm per rank vs synchronised; "
         "memory of weights, gradients, optimiser state, activations; oversubscription", "1.5",
         checkers=("sync_batch_stats",)),

@@ -59,9 +59,9 @@ def test_hogwild_one_rank_is_plain_sgd_and_two_ranks_converge():
 def test_delayed_sgd_staleness_zero_is_sgd_and_large_staleness_hurts():
     X, y = _digits()
     cfg = A.with_(CFG, steps=100)
-    fresh = A.delayed_sgd(X, y, cfg, 0)
+    fresh = lu.staleness.delayed_sgd(X, y, cfg, 0)
     torch.testing.assert_close(fresh["params"], A.reference_sgd(X, y, cfg, 1))
-    stale = A.delayed_sgd(X, y, cfg, 16)
+    stale = lu.staleness.delayed_sgd(X, y, cfg, 16)
     assert stale["loss"][-1] > fresh["loss"][-1]
 
 

@@ -5,6 +5,7 @@ one-line machine description printed beside every benchmark table.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 from dataclasses import dataclass, field
@@ -113,3 +114,16 @@ def machine():
     gpu = (f", GPU {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ", no GPU")
     return (f"{cpu}, {cores} cores{mem}{gpu}; {platform.system()} {platform.release()}, "
             f"Python {platform.python_version()}, torch {torch.__version__}")
+
+
+@contextlib.contextmanager
+def one_thread():
+    """Run tiny single-process loops on one thread: with several, each small op pays for
+    waking the others, which on a busy 2-core machine can cost ten times the op itself."""
+    import torch
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)

@@ -17,13 +17,11 @@ evaluating the loss is left out of the clock).
   may have been computed on weights several updates old: its *staleness*, recorded per update.
 * ``hogwild_worker``: no server and no lock; every rank reads and writes one weight vector in
   shared memory (Recht et al., "Hogwild!", NeurIPS 2011).
-* ``delayed_sgd``: a single-process simulation with a fixed staleness, for the intuition behind
-  the measured parameter-server points.
+The single-process simulation with a fixed staleness, for the intuition behind the measured
+parameter-server points, is ``labutils.experiments.staleness.delayed_sgd``.
 """
 from __future__ import annotations
 
-import collections
-import contextlib
 import os
 import tempfile
 import time
@@ -33,6 +31,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from labutils.core.env import one_thread
 from labutils.core.launcher import launch
 from labutils.core.rank import progress
 
@@ -248,7 +247,7 @@ def _launch(worker, world_size, *args):
     return launch(worker, *args, world_size=world_size, timeout=300, warn_oversubscription=False)
 
 
-def _check(X, y, cfg, world_size, minimum):
+def validate_inputs(X, y, cfg, world_size, minimum):
     cfg.validate()
     if not isinstance(world_size, int) or world_size < minimum:
         raise ValueError(f"world_size must be an int >= {minimum} here; got {world_size!r}")
@@ -259,18 +258,18 @@ def _check(X, y, cfg, world_size, minimum):
 
 
 def run_sync(X, y, cfg=SGDConfig(), world_size=2):
-    X, y = _check(X, y, cfg, world_size, 1)
+    X, y = validate_inputs(X, y, cfg, world_size, 1)
     return _launch(sync_sgd_worker, world_size, X, y, cfg)[0]
 
 
 def run_parameter_server(X, y, cfg=SGDConfig(), world_size=3):
     """``world_size`` ranks: one server and ``world_size - 1`` workers."""
-    X, y = _check(X, y, cfg, world_size, 2)
+    X, y = validate_inputs(X, y, cfg, world_size, 2)
     return _launch(parameter_server_worker, world_size, X, y, cfg)[0]
 
 
 def run_hogwild(X, y, cfg=SGDConfig(), world_size=2):
-    X, y = _check(X, y, cfg, world_size, 1)
+    X, y = validate_inputs(X, y, cfg, world_size, 1)
     init = init_params(X.shape[1], 10, cfg)
     folder = "/dev/shm" if os.path.isdir("/dev/shm") else None  # RAM-backed where there is one
     fd, path = tempfile.mkstemp(prefix="lu-hogwild-", dir=folder)
@@ -280,42 +279,6 @@ def run_hogwild(X, y, cfg=SGDConfig(), world_size=2):
         return _launch(hogwild_worker, world_size, X, y, cfg, path)[0]
     finally:
         os.unlink(path)
-
-
-@contextlib.contextmanager
-def one_thread():
-    """Run tiny single-process loops on one thread: with several, each small op pays for
-    waking the others, which on a busy 2-core machine can cost ten times the op itself."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(saved)
-
-
-def delayed_sgd(X, y, cfg, staleness):
-    """Single-process simulation: step t applies the gradient taken at the weights of step
-    t - ``staleness``. Deterministic; returns the same history as the real runs (no time)."""
-    X, y = _check(X, y, cfg, 1, 1)
-    with one_thread():
-        return _delayed_sgd(X, y, cfg, staleness)
-
-
-def _delayed_sgd(X, y, cfg, staleness):
-    params = init_params(X.shape[1], 10, cfg)
-    old = collections.deque([params.clone()], maxlen=staleness + 1)
-    points = [(0, full_loss(params, X, y, cfg.hidden))]
-    for step in range(cfg.steps):
-        progress(step + 1, cfg.steps, "steps")  # the caller drives a panel's bar
-        idx = batch_indices(cfg, 0, step, len(X))
-        _, grad = loss_and_grad(old[0], X[idx], y[idx], cfg.hidden)
-        params -= cfg.lr * grad
-        old.append(params.clone())
-        if (step + 1) % cfg.eval_every == 0:
-            points.append(((step + 1) * cfg.batch_size, full_loss(params, X, y, cfg.hidden)))
-    ex, ls = zip(*points)
-    return dict(name=f"staleness {staleness}", examples=list(ex), loss=list(ls), params=params)
 
 
 def with_(cfg, **changes):
