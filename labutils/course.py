@@ -93,7 +93,7 @@ LABS = (
         "memory of weights, gradients, optimiser state, activations; oversubscription", "1.5",
         checkers=("sync_batch_stats",)),
     Lab("4 DDP from scratch 分布式训练实现", "04a_ddp_from_scratch",
-        ("ddp", "ddp_equivalence", "ddp_performance"),
+        ("ddp", "ddp_equivalence", "ddp_performance", "commcount"),
         "naive gradient all-reduce, hooks, buckets with overlap; each checked equal to one "
         "process and to PyTorch's DDP", "1.5",
         checkers=("average_gradients", "sync_gradients", "assign_buckets")),

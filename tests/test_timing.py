@@ -173,3 +173,12 @@ def test_slowest_is_not_the_max_of_per_rank_medians():
 
 def test_slowest_single_rank_is_identity():
     assert lu.timing.slowest([[0.1, 0.3, 0.2]]) == [0.1, 0.3, 0.2]
+
+
+def test_versus_names_a_difference_only_when_the_ranges_do_not_overlap():
+    fast, slow = lu.timing.Stats.of([1.0, 1.1, 1.2]), lu.timing.Stats.of([1.3, 1.4, 2.0])
+    touching = lu.timing.Stats.of([1.2, 1.25, 1.5])
+    assert lu.timing.versus(fast, slow) == "faster than"
+    assert lu.timing.versus(slow, fast) == "slower than"
+    assert lu.timing.versus(fast, touching) == "not measurably different from"   # 1.2 == 1.2
+    assert lu.timing.versus(slow, fast, "below", "above") == "above"

@@ -44,6 +44,17 @@ class Stats:
         return self.fmt()
 
 
+def versus(a, b, less="faster than", more="slower than"):
+    """How ``a`` compares with ``b``, in words the data can back: ``less`` only when a's whole
+    range (min-max) lies below b's, ``more`` only when it lies above; overlapping ranges are
+    "not measurably different from"."""
+    if a.max < b.min:
+        return less
+    if a.min > b.max:
+        return more
+    return "not measurably different from"
+
+
 def slowest(per_rank):
     """In the caller: per sample, the max over ranks of ``per_rank`` (one list of seconds per
     rank): a collective, or a step of a data-parallel job, ends when its slowest rank does."""

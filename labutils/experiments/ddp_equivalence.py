@@ -7,6 +7,7 @@ import sys
 import torch
 from torch import nn
 
+from labutils.core.commcount import count_collectives
 from labutils.core.rank import progress
 from labutils.parallel.ddp import BucketedDDP, HookedDDP, naive_allreduce_grads
 
@@ -80,14 +81,15 @@ def train_reference(steps=4, batch_size=12, seed=0, lr=0.1, aux_pattern="even", 
 
 def train_data_parallel(rank, world_size, version="bucketed", steps=4, batch_size=12, seed=0,
                         lr=0.1, aux_pattern="even", bucket_cap_mb=0.02, sync=None):
-    """Train MixedNet on this rank's shard with one DDP version; return final weights and counts.
+    """Train MixedNet on this rank's shard with one DDP version; return final weights and
+    ``{"allreduces": n}``, the all-reduce calls this rank issued in the ``steps`` steps, counted
+    at the c10d layer (``core.commcount``) under one definition for every version.
 
     ``version``: "naive", "hooks", "bucketed", "torch" (``DistributedDataParallel``) or
     "custom" with ``sync(model)`` called after backward (an exercise's learner function).
     """
     torch.manual_seed(seed)
     model = MixedNet()
-    counts = {"allreduces": 0}
     if version == "hooks":
         wrapped = HookedDDP(model)
     elif version == "bucketed":
@@ -101,7 +103,7 @@ def train_data_parallel(rank, world_size, version="bucketed", steps=4, batch_siz
     shard = batch_size // world_size
     # DDP's C++ side warns, with a timestamp, on each step that uses every parameter although
     # find_unused_parameters=True; expected here, so it is kept out of the notebooks' output
-    with _silence_stderr(version == "torch"):
+    with _silence_stderr(version == "torch"), count_collectives() as counted:
         for step, (X, y) in enumerate(make_batches(steps, batch_size, seed=seed + 1)):
             progress(step + 1, steps, "steps")  # rank 0 drives a panel's bar
             X, y = X[rank * shard:(rank + 1) * shard], y[rank * shard:(rank + 1) * shard]
@@ -111,13 +113,9 @@ def train_data_parallel(rank, world_size, version="bucketed", steps=4, batch_siz
             if version == "naive":
                 naive_allreduce_grads(model)
             elif version == "hooks":
-                counts["allreduces"] += len(wrapped.pending)
                 wrapped.wait()
             elif version == "custom":
                 sync(model)
             opt.step()
-    if version == "naive":
-        counts["allreduces"] = steps * (1 + len(list(model.parameters())))
-    elif version == "bucketed":
-        counts["allreduces"] = wrapped.num_allreduces
+    counts = {"allreduces": counted.all_reduces}   # issued by this rank, counted (not computed)
     return {n: p.detach().clone() for n, p in model.named_parameters()}, counts

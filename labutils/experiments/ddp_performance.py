@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from labutils.core.commcount import count_collectives
 from labutils.core.rank import progress
 from labutils.core.timeline import Timeline
 from labutils.core.timing import Stats, slowest_rank
@@ -145,9 +146,9 @@ def overlap_fraction(spans):
 def time_versions(rank, world_size, hidden=256, batch_size=128, repeats=5, bucket_cap_mb=0.5,
                   versions=("naive", "hooks", "bucketed", "torch")):
     """Time one training step of every version, interleaved (A B C D A B C D ...), on MixedNet
-    of width ``hidden``. Returns ``{version: (Stats of seconds per step, all-reduces per step)}``."""
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
+    of width ``hidden``. Returns ``{version: (Stats of seconds per step, all-reduces per step)}``;
+    the all-reduces are counted (``core.commcount``) in one untimed step after the warm-up one
+    (PyTorch's DDP rebuilds its buckets after its first step)."""
     torch.manual_seed(0)
     X = torch.randn(batch_size // world_size, 16)
     y = torch.randn(batch_size // world_size, 4)
@@ -155,37 +156,33 @@ def time_versions(rank, world_size, hidden=256, batch_size=128, repeats=5, bucke
     for v in versions:
         model = MixedNet(hidden=hidden)
         if v == "naive":
-            steps[v] = (model, lambda m=model: naive_allreduce_grads(m),
-                        [1 + len(list(model.parameters()))])
+            steps[v] = (model, lambda m=model: naive_allreduce_grads(m))
         elif v == "hooks":
             wrapped = HookedDDP(model)
-            steps[v] = (wrapped, wrapped.wait, [len(list(model.parameters()))])
+            steps[v] = (wrapped, wrapped.wait)
         elif v == "bucketed":
-            wrapped = BucketedDDP(model, bucket_cap_mb=bucket_cap_mb)
-            steps[v] = (wrapped, None, [len(wrapped.buckets)])
+            steps[v] = (BucketedDDP(model, bucket_cap_mb=bucket_cap_mb), None)
         else:
-            wrapped = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb)
-            calls = [0]
+            steps[v] = (nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb),
+                        None)
 
-            def counting(state, bucket, calls=calls):
-                calls[0] += 1
-                return default_hooks.allreduce_hook(state, bucket)
-            wrapped.register_comm_hook(None, counting)
-            steps[v] = (wrapped, None, calls)
-    times = {v: [] for v in versions}
-    for i in range(repeats + 1):  # the first round warms up (and lets DDP rebuild buckets)
-        progress(i, repeats, "repeats")  # rank 0 drives a panel's bar
-        for v, (wrapped, finish, _) in steps.items():
+    def step(wrapped, finish):
+        wrapped.zero_grad(set_to_none=True)
+        nn.functional.mse_loss(wrapped(X), y).backward()
+        if finish is not None:
+            finish()
+
+    calls, times = {}, {v: [] for v in versions}
+    for v, (wrapped, finish) in steps.items():
+        step(wrapped, finish)                       # warm-up (DDP rebuilds its buckets)
+        with count_collectives() as counted:
+            step(wrapped, finish)
+        calls[v] = counted.all_reduces
+    for i in range(repeats):
+        progress(i + 1, repeats, "repeats")  # rank 0 drives a panel's bar
+        for v, (wrapped, finish) in steps.items():
             dist.barrier()
             t0 = time.perf_counter()
-            wrapped.zero_grad(set_to_none=True)
-            nn.functional.mse_loss(wrapped(X), y).backward()
-            if finish is not None:
-                finish()
-            if i > 0:
-                times[v].append(time.perf_counter() - t0)
-        if i == 0 and "torch" in steps:
-            steps["torch"][2][0] = 0  # count DDP's calls after its first step rebuilt buckets
-    per_step = {v: steps[v][2][0] / repeats if v == "torch" else steps[v][2][0]
-                for v in versions}
-    return {v: (Stats.of(times[v]), per_step[v]) for v in versions}
+            step(wrapped, finish)
+            times[v].append(time.perf_counter() - t0)
+    return {v: (Stats.of(times[v]), calls[v]) for v in versions}
