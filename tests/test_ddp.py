@@ -187,6 +187,10 @@ def test_compression_hooks_run_and_report_bytes():
     assert results["bf16"]["allreduce_bytes_per_step"] == plain / 2
     # PowerSGD: 10 plain steps, then rank-1 factors; averaged over 14 steps it must send less
     assert results["powersgd"]["allreduce_bytes_per_step"] < 0.75 * plain
+    # PowerSGD sends plain gradients for its 10 warm-up steps, then the low-rank factors only
+    by_step = results["powersgd"]["allreduce_bytes_by_step"]
+    assert all(by_step[s] == plain for s in range(1, 11))
+    assert all(by_step[s] < 0.1 * plain for s in range(11, 15))
     for h, r in results.items():
         assert 0.0 <= r["accuracy"] <= 1.0 and len(r["losses"]) == 14, h
         assert all(loss == loss for loss in r["losses"].values()), h   # no NaN

@@ -45,7 +45,8 @@ def train_script(rank, world_size, steps=30, ckpt_dir=None, ckpt_every=5, kill_a
     ``TORCHELASTIC_RESTART_COUNT`` is 0 or unset), to rehearse a crash.
 
     Returns ``{"losses": {step: global mean loss}, "start": step resumed from, "state": final
-    weights, "accuracy", "allreduce_bytes_per_step", "restart_count" (torchrun's attempt)}``;
+    weights, "accuracy", "allreduce_bytes_per_step" (the mean) and "allreduce_bytes_by_step",
+    "restart_count" (torchrun's attempt)}``;
     with ``out=PATH`` rank 0 writes that dict there instead (for torchrun) and returns None.
     """
     wl = workloads.get(workload)
@@ -59,17 +60,19 @@ def train_script(rank, world_size, steps=30, ckpt_dir=None, ckpt_every=5, kill_a
         step = start = load(latest(ckpt_dir), model, opt, sampler)["step"]
     kill_rank = world_size - 1 if kill_rank is None else kill_rank
     first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
-    losses = {}
+    losses, bytes_by_step = {}, {}
     while step < steps:
         for xb, yb in loader:
             progress(step + 1, steps, "steps")  # rank 0 drives a panel's bar
             xb = xb + noise * torch.randn_like(xb)  # augmentation: uses this rank's RNG
             loss = wl.loss_fn(model(xb), yb)
             opt.zero_grad(set_to_none=True)
+            sent = counter.nbytes
             with counter:
                 loss.backward()
             opt.step()
             step += 1
+            bytes_by_step[step] = counter.nbytes - sent
             report = loss.detach().clone()
             dist.all_reduce(report)
             losses[step] = float(report) / world_size
@@ -85,6 +88,7 @@ def train_script(rank, world_size, steps=30, ckpt_dir=None, ckpt_every=5, kill_a
               "state": {k: v.detach().clone() for k, v in model.module.state_dict().items()},
               "accuracy": wl.metric(model.module) if evaluate else None,
               "allreduce_bytes_per_step": counter.nbytes / max(1, steps - start),
+              "allreduce_bytes_by_step": bytes_by_step,
               "restart_count": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))}
     if out is None:
         return result
