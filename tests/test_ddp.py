@@ -213,6 +213,6 @@ def test_time_versions_reports_the_calls_each_version_issues():
     ours = len(lu.ddp.assign_buckets(model.parameters(), 0.5))
     reverse = list(reversed(list(model.parameters())))
     theirs = len(torch.distributed._compute_bucket_assignment_by_size(
-        reverse, [torch.distributed._DEFAULT_FIRST_BUCKET_BYTES, 2**19])[0])
+        reverse, [2**19])[0])   # the cap passed to DDP applies to its first bucket too
     # every parameter is used here: naive adds its usage flags, the others do not need them
     assert calls == {"naive": 1 + n, "hooks": n, "bucketed": ours, "torch": theirs}

@@ -24,10 +24,37 @@ def test_bus_bandwidth_formula():
 
 
 @pytest.mark.lab04c
-def test_overlap_fraction_counts_only_same_rank_backward():
-    spans = [Span(0, "backward", 0.0, 1.0), Span(0, "allreduce", 0.5, 1.5),
-             Span(1, "backward", 2.0, 3.0), Span(1, "allreduce", 0.0, 1.0)]
-    assert profile.overlap_fraction(spans) == pytest.approx(0.25)  # 0.5 of 2.0 s hidden
+def test_overlap_counts_only_the_same_rank_and_step():
+    def span(rank, name, start, end, step):
+        return Span(rank, name, start, end, meta={"step": step})
+    spans = [span(0, "backward", 0.0, 1.0, 1), span(0, "allreduce", 0.5, 1.5, 1),
+             span(0, "wait", 1.0, 1.6, 1),
+             span(1, "backward", 2.0, 3.0, 1), span(1, "allreduce", 0.0, 1.0, 1),
+             span(1, "wait", 3.0, 3.0, 1),
+             span(0, "backward", 5.0, 6.0, 2), span(0, "allreduce", 5.0, 5.5, 2)]
+    per = profile.overlap_by_step(spans)
+    assert per[(0, 1)] == pytest.approx((0.5, 0.6))   # half of its all-reduce under backward
+    assert per[(1, 1)] == pytest.approx((0.0, 0.0))   # rank 0's backward does not count
+    assert per[(0, 2)] == pytest.approx((1.0, 0.0))   # step 1's spans do not count for step 2
+
+
+@pytest.mark.lab04c
+@pytest.mark.slow
+def test_timeline_separates_backward_from_the_wait_for_buckets():
+    spans = [s for r in lu.launch(profile.timeline_worker, steps=2, bucket_cap_mb=0.05,
+                                  world_size=2) for s in r]
+    for rank in (0, 1):
+        for step in (1, 2):
+            mine = {s.name: s for s in spans if s.rank == rank and s.meta["step"] == step
+                    and s.name != "allreduce"}
+            assert set(mine) == {"forward", "backward", "wait"}
+            # the wait begins where backward's computation ends, and every bucket's
+            # all-reduce ends before the wait does
+            assert mine["backward"].end == mine["wait"].start
+            assert all(s.end <= mine["wait"].end for s in spans
+                       if s.rank == rank and s.meta["step"] == step and s.name == "allreduce")
+    per = profile.overlap_by_step(spans)
+    assert len(per) == 4 and all(0.0 <= h <= 1.0 and e >= 0.0 for h, e in per.values())
 
 
 @pytest.mark.lab04c
@@ -49,8 +76,9 @@ def test_timeline_shows_bucket_allreduces_and_a_perfetto_trace(tmp_path):
         assert names.count("allreduce") >= 2 * 2          # several buckets per step
         for s in spans:
             assert s.rank == rank and s.end >= s.start
-        backward_end = max(s.end for s in spans if s.name == "backward")
-        assert max(s.end for s in spans if s.name == "allreduce") <= backward_end + 1e-3
+        assert names.count("wait") == 2                    # the exposed part of each step
+        wait_end = max(s.end for s in spans if s.name == "wait")
+        assert max(s.end for s in spans if s.name == "allreduce") <= wait_end
     spans = lu.timeline.flatten(per_rank)
     ax = lu.timeline_plot.plot_overlap(spans)
     assert len(ax.get_yticks()) == 4                      # compute and comm lane per rank

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch import nn
 
 from labutils.core.commcount import count_collectives
+from labutils.core.launcher import launch
 from labutils.core.rank import progress
 from labutils.core.timeline import Timeline
 from labutils.core.timing import Stats, slowest_rank
@@ -106,8 +107,10 @@ def ddp_step_worker(rank, world_size, batch_per_rank=64, steps=6, hook=None, wid
 
 
 def timeline_worker(rank, world_size, steps=3, bucket_cap_mb=0.1, width=4, batch_per_rank=64):
-    """Spans of ``steps`` training steps with ``lu.ddp.BucketedDDP``: forward, backward and one
-    ``allreduce`` span per bucket (launch to completion, recorded on gloo's thread)."""
+    """Spans of ``steps`` training steps with ``lu.ddp.BucketedDDP``: ``forward``; ``backward``,
+    autograd's computation only; ``wait``, from there until every bucket is reduced and copied;
+    and one ``allreduce`` span per bucket (launch to completion, recorded on gloo's thread).
+    Every span of step k has ``meta["step"] == k``."""
     tl = Timeline(rank)
     wl = workloads.get("digits")
     torch.manual_seed(0)
@@ -120,24 +123,47 @@ def timeline_worker(rank, world_size, steps=3, bucket_cap_mb=0.1, width=4, batch
         if step == 1:
             tl.spans.clear()  # the first step warms up
         dist.barrier()
+        first = len(tl.spans)
         with tl.span("forward", label=f"{step}"):
             loss = wl.loss_fn(model(xb), yb)
-        with tl.span("backward", label=f"{step}"):
-            loss.backward()   # ends after the queued wait: every bucket reduced
+        start = time.perf_counter()
+        loss.backward()   # returns after BucketedDDP.wait, which autograd runs at its end
+        wait = next(s for s in reversed(tl.spans) if s.name == "wait")
+        tl.add("backward", start, wait.start, label=f"{step}")
+        for s in tl.spans[first:]:
+            s.meta["step"] = step     # every span of this step, the all-reduces included
     return list(tl.spans)
 
 
-def overlap_fraction(spans):
-    """Share of all-reduce time that ran while the same rank was in backward."""
-    total = hidden = 0.0
-    for s in spans:
-        if s.name != "allreduce":
-            continue
-        total += s.duration
-        for b in spans:
-            if b.rank == s.rank and b.name == "backward":
-                hidden += max(0.0, min(s.end, b.end) - max(s.start, b.start))
-    return hidden / total if total else 0.0
+def overlap_by_step(spans):
+    """Per (rank, step): the share of all-reduce time that ran during backward's computation,
+    and the exposed communication (the ``wait`` after it), in seconds."""
+    out = {}
+    keys = {(s.rank, s.meta["step"]) for s in spans if s.name == "backward"}
+    for rank, step in sorted(keys):
+        mine = [s for s in spans if s.rank == rank and s.meta.get("step") == step]
+        back = next(s for s in mine if s.name == "backward")
+        comm = [s for s in mine if s.name == "allreduce"]
+        total = sum(s.duration for s in comm)
+        hidden = sum(max(0.0, min(s.end, back.end) - max(s.start, back.start)) for s in comm)
+        exposed = sum(s.duration for s in mine if s.name == "wait")
+        out[(rank, step)] = (hidden / total if total else 0.0, exposed)
+    return out
+
+
+def overlap_sweep(bucket_caps, steps=5, world_size=2, width=4, batch_per_rank=64):
+    """For each bucket cap (MiB): (Stats of the hidden share, Stats of the exposed seconds, the
+    number of buckets), over every rank and step."""
+    out = {}
+    for cap in bucket_caps:
+        spans = [s for r in launch(timeline_worker, steps=steps, bucket_cap_mb=cap, width=width,
+                                   batch_per_rank=batch_per_rank, world_size=world_size)
+                 for s in r]
+        per = overlap_by_step(spans)
+        n = sum(1 for s in spans if s.name == "allreduce") // (steps * world_size)
+        out[cap] = (Stats.of([h for h, _ in per.values()]), Stats.of([e for _, e in per.values()]),
+                    n)
+    return out
 
 
 # ---- every DDP version timed side by side (04a) ---------------------------------------------

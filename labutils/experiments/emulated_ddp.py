@@ -150,11 +150,11 @@ def predict(compute_s, grad_bytes, link, world_size, num_buckets, overlap, compr
     """
     nbytes = grad_bytes / 2 if compressed else grad_bytes
     step = step_time.data_parallel_step(compute_s, nbytes, world_size, link,
-                                 overlap=1.0 if overlap else 0.0, num_buckets=num_buckets)
+                                        overlap=1.0 if overlap else 0.0, num_buckets=num_buckets)
     exposed = step.exposed_comm
     if floor is not None:
         here = step_time.data_parallel_step(compute_s, nbytes, world_size, tuple(floor),
-                                     num_buckets=num_buckets)
+                                            num_buckets=num_buckets)
         exposed = max(exposed, here.comm)
     return world_size * compute_s / (compute_s + exposed)
 

@@ -152,7 +152,8 @@ class BucketedDDP(nn.Module):
     every parameter's ``.grad`` is the average over ranks (no extra call needed). Buckets are
     all-reduced strictly in index order, so every rank issues the same sequence of collectives
     even when gradients become ready in a different order. ``timeline`` (a ``lu.timeline
-    .Timeline``) records one ``allreduce`` span per bucket, from launch to completion.
+    .Timeline``) records one ``allreduce`` span per bucket, from launch to completion, and one
+    ``wait`` span per step, from the end of backward's computation to the last bucket's copy.
     """
 
     def __init__(self, module, bucket_cap_mb=25.0, group=None, find_unused_parameters=False,
@@ -243,9 +244,11 @@ class BucketedDDP(nn.Module):
         return done
 
     def wait(self):
-        """Wait for every bucket and copy the averages into ``.grad`` (idempotent)."""
+        """Wait for every bucket and copy the averages into ``.grad`` (idempotent). With a
+        ``timeline``, the time spent here is a ``wait`` span: communication not hidden."""
         if not self._prepared:
             return
+        waited_from = time.perf_counter()
         if self.next_bucket < len(self.buckets):
             b = self.buckets[self.next_bucket]
             missing = [n for n, p in self.module.named_parameters()
@@ -266,4 +269,6 @@ class BucketedDDP(nn.Module):
                     p.grad = grads[i].clone()
                 else:
                     p.grad.copy_(grads[i])
+        if self.timeline is not None:
+            self.timeline.add("wait", waited_from, time.perf_counter())
         self._prepared = False

@@ -15,8 +15,9 @@ import torch.distributed as dist
 # ---- communication hooks and what they send (04b) --------------------------------------------
 
 def bf16_allreduce_hook(group, bucket):
-    """Average in bfloat16. PyTorch's ``bf16_compress_hook`` refuses CPU tensors, and DDP
-    refuses any hook of that *name* without CUDA and NCCL, hence another name."""
+    """Average in bfloat16, as PyTorch's ``bf16_compress_hook`` does. DDP's
+    ``register_comm_hook`` refuses a hook of that *name* without CUDA and NCCL >= 2.10 (or XPU),
+    so on a CPU this one, under another name, does the same with ``dist.all_reduce``."""
     buffer = bucket.buffer()
     compressed = buffer.to(torch.bfloat16).div_(dist.get_world_size(group))
     fut = dist.all_reduce(compressed, group=group, async_op=True).get_future()
@@ -48,6 +49,7 @@ class AllReduceBytes:
 
 
 HOOKS = (None, "fp16", "bf16", "powersgd")
+POWERSGD_WARMUP = 10   # plain all-reduce steps before PowerSGD compresses (start_powerSGD_iter)
 
 
 def register_hook(ddp_model, name):
@@ -64,7 +66,8 @@ def register_hook(ddp_model, name):
         ddp_model.register_comm_hook(None, bf16_allreduce_hook)
     else:  # rank-1 approximation after 10 plain steps, with error feedback (Vogels et al. 2019)
         state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1,
-                                            start_powerSGD_iter=10, min_compression_rate=2)
+                                            start_powerSGD_iter=POWERSGD_WARMUP,
+                                            min_compression_rate=2)
         ddp_model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
     return AllReduceBytes()
 

@@ -168,7 +168,8 @@ def _lane_axis(ax, lanes, names):
 
 
 def plot_overlap(spans, ax=None, title=""):
-    """Gantt chart with two lanes per rank: compute (forward, backward) and communication.
+    """Gantt chart with two lanes per rank: compute (forward, backward, then the wait for the
+    last buckets) and communication.
     Bucket labels show only where they fit in their bar and clear each other (buckets' spans
     can overlap in time); the legend sits right of the axes."""
     import matplotlib.pyplot as plt
@@ -188,7 +189,7 @@ def plot_overlap(spans, ax=None, title=""):
     _label_bars(ax, labelled, fontsize=7)
     _lane_axis(ax, [2 * r + k for r in ranks for k in (0, 1)],
                [f"rank {r} {what}" for r in ranks for what in ("compute", "comm")])
-    names = [n for n in ("forward", "backward", "allreduce") if any(s.name == n for s in spans)]
+    names = [n for n in ("forward", "backward", "wait", "allreduce") if any(s.name == n for s in spans)]
     _legend_outside(ax, {n: DEFAULT_COLORS[n] for n in names})
     ax.set_xlabel("time (ms)")
     if title:
