@@ -96,7 +96,7 @@ LABS = (
         ("ddp", "ddp_equivalence", "ddp_performance", "commcount"),
         "naive gradient all-reduce, hooks, buckets with overlap; each checked equal to one "
         "process and to PyTorch's DDP", "1.5",
-        checkers=("average_gradients", "sync_gradients", "assign_buckets")),
+        checkers=("average_gradients", "sync_gradients", "torch_buckets")),
     Lab("4 DDP in practice", "04b_ddp_in_practice",
         ("ddp", "ddp_hooks", "checkpoint", "resumable_training", "run"),
         "DistributedSampler, no_sync accumulation, compression hooks, exact resume from a "

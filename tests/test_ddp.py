@@ -4,6 +4,7 @@ import torch
 
 import labutils as lu
 from labutils import ddp
+from labutils.exercises import lab04a, lab04b
 
 from .checkers import assert_check, checker_cases
 
@@ -120,35 +121,50 @@ def _rank0_gradients(model):  # copies rank 0's gradient instead of averaging
 
 @pytest.mark.lab04a
 @pytest.mark.slow
-@pytest.mark.parametrize("answer, verdict", checker_cases(ddp.naive_allreduce_grads, {
+@pytest.mark.parametrize("answer, verdict", checker_cases(lab04a.sync_gradients, {
     "forgot_divide": (_forgot_divide, ("expected", "rank")),
     "rank0_gradients": (_rank0_gradients, "expected"),
+    # right weights, but one message per parameter: the lesson's naive version
+    "one_per_parameter": (ddp.naive_allreduce_grads, "at most 2 per step"),
 }))
 def test_check_sync_gradients(answer, verdict):
     assert_check(lu.check_sync_gradients, answer, verdict)
 
 
 def _forward_order(params, cap):
-    return ddp.assign_buckets(list(reversed(list(params))), cap)
+    return lab04a.torch_buckets(list(reversed(list(params))), cap)
 
 
 def _one_bucket(params, cap):
     return [list(reversed(list(params)))]
 
 
+def test_torch_buckets_reference_is_pytorchs_rule():
+    model = lu.ddp_equivalence.MixedNet(hidden=256)
+    reverse = list(reversed(list(model.parameters())))
+    for cap in (0.001, 0.02, 0.5, 1.0, 25.0):
+        theirs = torch.distributed._compute_bucket_assignment_by_size(reverse,
+                                                                      [int(cap * 2**20)])[0]
+        ours = lab04a.torch_buckets(model.parameters(), cap)
+        assert [[id(p) for p in b] for b in ours] == [[id(reverse[i]) for i in b] for b in theirs]
+
+
 @pytest.mark.lab04a
 @pytest.mark.slow
-@pytest.mark.parametrize("answer, verdict", checker_cases(ddp.assign_buckets, {
+@pytest.mark.parametrize("answer, verdict", checker_cases(lab04a.torch_buckets, {
     "forward_order": (_forward_order, "expected"),
     "one_bucket": (_one_bucket, "expected"),
+    # closes a bucket before the cap would be exceeded: BucketedDDP's rule, not PyTorch's
+    "close_before_the_cap": (ddp.assign_buckets, "expected"),
 }))
-def test_check_assign_buckets(answer, verdict):
-    assert_check(lu.check_assign_buckets, answer, verdict)
+def test_check_torch_buckets(answer, verdict):
+    assert_check(lu.check_torch_buckets, answer, verdict)
 
 
 def _without_no_sync(ddp_model, micro_batches, loss_fn):  # right gradients, k all-reduces
+    total = sum(len(X) for X, _ in micro_batches)
     for X, y in micro_batches:
-        (loss_fn(ddp_model(X), y) / len(micro_batches)).backward()
+        (loss_fn(ddp_model(X), y) * len(X) / total).backward()
 
 
 def _unscaled(ddp_model, micro_batches, loss_fn):  # one all-reduce, gradients k times too big
@@ -162,9 +178,11 @@ def _unscaled(ddp_model, micro_batches, loss_fn):  # one all-reduce, gradients k
 @pytest.mark.lab04b
 @pytest.mark.slow
 @pytest.mark.parametrize("answer, verdict", checker_cases(
-    lu.ddp_hooks.accumulate_with_no_sync, {
+    lab04b.no_sync_accumulation, {
         "without_no_sync": (_without_no_sync, "backward passes that all-reduced"),
         "unscaled": (_unscaled, "gradients"),
+        # the lesson's version: right for equal micro-batches, wrong for these
+        "equal_weights": (lu.ddp_hooks.accumulate_with_no_sync, "gradients"),
     }))
 def test_check_no_sync_accumulation(answer, verdict):
     assert_check(lu.check_no_sync_accumulation, answer, verdict)

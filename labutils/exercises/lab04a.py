@@ -1,5 +1,6 @@
-"""Exercise checkers of lab 04a: average gradients (the worked example), synchronise gradients, assign buckets. Registered in ``labutils.course``; notebooks call
-them as ``lu.check_<name>``."""
+"""Exercise checkers of lab 04a: average gradients (the worked example), synchronise the
+gradients in one message, and PyTorch's bucket rule. Registered in ``labutils.course``;
+notebooks call them as ``lu.check_<name>``."""
 import torch
 
 from labutils.exercises.base import make_cases, run_check
@@ -8,7 +9,6 @@ from labutils.experiments.ddp_equivalence import (
     train_data_parallel,
     train_reference,
 )
-from labutils.parallel.ddp import assign_buckets
 
 
 def average_gradients(model, world_size):
@@ -50,40 +50,85 @@ def check_average_gradients(learner_fn, *, timeout=20.0):
                      timeout=timeout)
 
 
-def _sync_gradients_harness(rank, world_size, learner_fn, seed, aux_pattern):
-    expected = train_reference(steps=3, batch_size=6 * world_size, seed=seed,
+def sync_gradients(model):
+    """Reference: the mean gradient over the ranks with two all-reduces whatever the number of
+    parameters: which parameters got a gradient on some rank, then every such gradient in one
+    flat buffer (zeros where this rank has none)."""
+    import torch.distributed as dist
+    params = [p for p in model.parameters() if p.requires_grad]
+    used = torch.tensor([float(p.grad is not None) for p in params])
+    dist.all_reduce(used)
+    live = [p for p, u in zip(params, used.tolist()) if u > 0]
+    for p in live:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    flat = torch.cat([p.grad.reshape(-1) for p in live])
+    dist.all_reduce(flat)
+    flat /= dist.get_world_size()
+    for p, part in zip(live, flat.split([p.numel() for p in live])):
+        p.grad.copy_(part.view_as(p))
+
+
+CALLS = "all-reduce calls: at most 2 per step (usage flags, then one flat buffer)"
+
+
+def _sync_gradients_harness(rank, world_size, learner_fn, seed, aux_pattern, steps=3):
+    expected = train_reference(steps=steps, batch_size=6 * world_size, seed=seed,
                                aux_pattern=aux_pattern, world_size=world_size)
-    got, _ = train_data_parallel(rank, world_size, "custom", steps=3, batch_size=6 * world_size,
-                                 seed=seed, aux_pattern=aux_pattern, sync=learner_fn)
-    return expected, got
+    got, counts = train_data_parallel(rank, world_size, "custom", steps=steps,
+                                      batch_size=6 * world_size, seed=seed,
+                                      aux_pattern=aux_pattern, sync=learner_fn)
+    return ({"weights": expected, CALLS: True},
+            {"weights": got, CALLS: counts["allreduces"] <= 2 * steps})
 
 
 def check_sync_gradients(learner_fn, *, timeout=60.0):
     """Check ``learner_fn(model)``, called after ``backward()`` on every rank: three SGD steps
     must give the weights of single-process training on the whole batch, including steps where
-    the ``aux`` branch is unused on every rank or on some ranks only."""
+    the ``aux`` branch is unused on every rank or on some ranks only, with at most two
+    all-reduce calls per step (counted), however many parameters the model has."""
     cases = make_cases(world_sizes=(2, 3), per_world_size=1, seed=4, aux_pattern=["even"])
     cases += make_cases(world_sizes=(2,), per_world_size=1, seed=5, aux_pattern=["rank0"])
     return run_check("sync_gradients", learner_fn, _sync_gradients_harness, cases,
                      timeout=timeout)
 
 
-def _assign_buckets_harness(rank, world_size, learner_fn, seed, bucket_cap_mb):
+def torch_buckets(params, bucket_cap_mb):
+    """Reference: PyTorch DDP's bucket rule. In reverse registration order, add each parameter to
+    the open bucket (a parameter of another dtype opens a new one), and close the bucket once it
+    has reached ``bucket_cap_mb`` MiB, so a bucket may end above the cap."""
+    cap = int(bucket_cap_mb * 2**20)
+    buckets, current, size = [], [], 0
+    for p in reversed(list(params)):
+        if current and p.dtype != current[0].dtype:
+            buckets.append(current)
+            current, size = [], 0
+        current.append(p)
+        size += p.numel() * p.element_size()
+        if size >= cap:
+            buckets.append(current)
+            current, size = [], 0
+    return buckets + ([current] if current else [])
+
+
+def _torch_buckets_harness(rank, world_size, learner_fn, seed, bucket_cap_mb):
+    import torch.distributed as dist
     torch.manual_seed(seed)
     model = MixedNet(hidden=[16, 32, 64][seed % 3])
     names = {id(p): n for n, p in model.named_parameters()}
-    expected = [[names[id(p)] for p in b] for b in assign_buckets(model.parameters(),
-                                                                   bucket_cap_mb)]
+    reverse = list(reversed(list(model.parameters())))
+    # PyTorch's own assignment (an internal function that DDP itself calls)
+    indices, _ = dist._compute_bucket_assignment_by_size(reverse, [int(bucket_cap_mb * 2**20)])
+    expected = [[names[id(reverse[i])] for i in bucket] for bucket in indices]
     got = [[names.get(id(p), "?") for p in b]
            for b in learner_fn(list(model.parameters()), bucket_cap_mb)]
     return expected, got
 
 
-def check_assign_buckets(learner_fn, *, timeout=20.0):
-    """Check ``learner_fn(params, bucket_cap_mb) -> list of lists of parameters``: buckets of
-    at most ``bucket_cap_mb`` MiB (a bigger parameter gets a bucket of its own), filled in
-    reverse order of registration."""
+def check_torch_buckets(learner_fn, *, timeout=20.0):
+    """Check ``learner_fn(params, bucket_cap_mb) -> list of lists of parameters`` against the
+    buckets PyTorch's DDP assigns (its own function computes the expected ones)."""
     cases = make_cases(world_sizes=(2,), per_world_size=3, seed=1,
                        bucket_cap_mb=[0.001, 0.004, 0.02, 0.07, 25.0])
-    return run_check("assign_buckets", learner_fn, _assign_buckets_harness, cases,
+    return run_check("torch_buckets", learner_fn, _torch_buckets_harness, cases,
                      timeout=timeout)

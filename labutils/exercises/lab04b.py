@@ -1,5 +1,5 @@
-"""Exercise checkers of lab 04b: gradient accumulation under no_sync. Registered in ``labutils.course``; notebooks call
-them as ``lu.check_<name>``."""
+"""Exercise checkers of lab 04b: gradient accumulation under no_sync, over micro-batches of
+different sizes. Registered in ``labutils.course``; notebooks call them as ``lu.check_<name>``."""
 import torch
 from torch import nn
 
@@ -7,12 +7,28 @@ from labutils.exercises.base import make_cases, run_check
 from labutils.experiments.ddp_equivalence import MixedNet, make_batches
 
 
-def _no_sync_harness(rank, world_size, learner_fn, seed, micro_batches):
+def no_sync_accumulation(ddp_model, micro_batches, loss_fn):
+    """Reference: the gradient of the mean loss over every sample of every micro-batch, whatever
+    their sizes (each micro-batch's mean loss weighted by its share of the samples), with one
+    all-reduce round: the last backward."""
+    total = sum(len(X) for X, _ in micro_batches)
+    *first, (X, y) = micro_batches
+    with ddp_model.no_sync():
+        for Xb, yb in first:
+            (loss_fn(ddp_model(Xb), yb) * len(Xb) / total).backward()
+    (loss_fn(ddp_model(X), y) * len(X) / total).backward()   # all-reduces the sum
+
+
+def _no_sync_harness(rank, world_size, learner_fn, seed, micro_batches, uneven=True):
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     torch.manual_seed(seed)
     model = MixedNet()
-    batches = make_batches(micro_batches, 4 * world_size, seed=seed)
+    # micro-batches of different sizes per rank (2, 4, 6, 2, ...), as the last one of an epoch
+    # can be; ``uneven=False``: 4 samples each
+    sizes = [2 + 2 * (i % 3) if uneven else 4 for i in range(micro_batches)]
+    batches = [make_batches(1, s * world_size, seed=seed * 100 + i)[0]
+               for i, s in enumerate(sizes)]
     reference = MixedNet()
     reference.load_state_dict(model.state_dict())
     X = torch.cat([b[0] for b in batches])
@@ -25,8 +41,9 @@ def _no_sync_harness(rank, world_size, learner_fn, seed, micro_batches):
         calls.append(bucket.index())
         return default_hooks.allreduce_hook(state, bucket)
     ddp_model.register_comm_hook(None, counting_hook)
-    mine = [(Xb[rank * 4:(rank + 1) * 4], yb[rank * 4:(rank + 1) * 4]) for Xb, yb in batches]
-    # micro-batch i of the large batch = rank r's slices of batches i: the same samples
+    mine = [(Xb[rank * s:(rank + 1) * s], yb[rank * s:(rank + 1) * s])
+            for (Xb, yb), s in zip(batches, sizes)]
+    # micro-batch i of the large batch = every rank's slice of batches i: the same samples
     learner_fn(ddp_model, mine, nn.functional.mse_loss)
     expected = {"gradients": {n: p.grad for n, p in reference.named_parameters()},
                 "backward passes that all-reduced": 1}
@@ -36,9 +53,9 @@ def _no_sync_harness(rank, world_size, learner_fn, seed, micro_batches):
 
 
 def check_no_sync_accumulation(learner_fn, *, timeout=60.0):
-    """Check ``learner_fn(ddp_model, micro_batches, loss_fn)``: afterwards ``.grad`` holds the
-    gradient of the mean loss over all micro-batches of all ranks, and DDP all-reduced each
-    only once (in the last backward)."""
+    """Check ``learner_fn(ddp_model, micro_batches, loss_fn)`` on micro-batches of different
+    sizes: afterwards ``.grad`` holds the gradient of the mean loss over every sample of every
+    rank, and DDP all-reduced only once (in the last backward)."""
     cases = make_cases(world_sizes=(2, 3), per_world_size=1, seed=7, micro_batches=[2, 3, 4])
     return run_check("no_sync_accumulation", learner_fn, _no_sync_harness, cases,
                      timeout=timeout)
