@@ -118,3 +118,11 @@ def test_ddp_step_worker_ceiling_does_not_communicate():
     assert plain[0][1] >= ceiling[0][1] + 3
     with pytest.raises(ValueError, match="hook must be None, 'shm' or 'none'"):
         profile.ddp_step_worker(0, 1, hook="nccl")
+
+
+@pytest.mark.lab04c
+@pytest.mark.slow
+def test_allreduce_worker_checks_the_shared_memory_sums():
+    sizes = (1 << 10, 1 << 16)
+    for per_rank in lu.launch(profile.allreduce_worker, sizes=sizes, repeats=1, world_size=2):
+        assert all(per_rank[n]["equal to gloo"] is True for n in sizes)

@@ -43,8 +43,8 @@ def memcpy_bandwidth(nbytes=64 << 20, repeats=5):
 
 
 def allreduce_worker(rank, world_size, sizes=(1 << 10, 1 << 20, 64 << 20), repeats=5):
-    """``{nbytes: {"gloo": Stats, "shm": Stats, "shm zero-copy": Stats}}`` in seconds, timed
-    interleaved per size. "shm" copies the tensor into the shared segment and back out;
+    """``{nbytes: {"gloo": Stats, "shm": Stats, "shm zero-copy": Stats, "equal to gloo": bool}}``,
+    times in seconds, interleaved per size; the last entry checks both shared-memory results. "shm" copies the tensor into the shared segment and back out;
     "shm zero-copy" reduces a tensor that already lives there (``ShmAllReduce.buffer``)."""
     out = {}
     with make_all_reduce(buffer_bytes=max(sizes)) as shm:
@@ -67,7 +67,22 @@ def allreduce_worker(rank, world_size, sizes=(1 << 10, 1 << 20, 64 << 20), repea
             # a collective ends when its slowest rank ends: take the max over ranks
             t = slowest_rank([times[k] for k in runs])
             out[nbytes] = {k: Stats.of(row) for k, row in zip(runs, t)}
+            out[nbytes]["equal to gloo"] = _same_sums(shm, nbytes // 4, rank)
     return out
+
+
+def _same_sums(shm, n, rank):
+    """Do both shared-memory all-reduces give gloo's sums? Integers below 2**24 in float32 sum
+    exactly in any order, so the comparison can be exact on any number of ranks."""
+    mine = (torch.arange(n) % 1024 * (rank + 1)).float()
+    expected = mine.clone()
+    dist.all_reduce(expected)
+    copied = mine.clone()
+    shm.all_reduce_(copied)
+    in_shm = shm.buffer(n)
+    in_shm.copy_(mine)
+    shm.all_reduce_(in_shm)
+    return bool(torch.equal(copied, expected) and torch.equal(in_shm, expected))
 
 
 def ddp_step_worker(rank, world_size, batch_per_rank=64, steps=6, hook=None, width=1):
