@@ -40,10 +40,10 @@ def plot_bars(values, ax=None, ylabel="", title="", scale=1.0, annotate="{:.3g}"
            edgecolor="black", linewidth=0.5)
     ax.set_xticks(range(len(labels)))
     ax.set_xticklabels(labels, rotation=0 if len(labels) < 6 else 30)
-    if annotate:
+    if annotate:   # the median, above the whisker so that the two never overlap
         for i, m in enumerate(mids):
-            ax.annotate(annotate.format(m), (i, m), ha="center", va="bottom", fontsize=8,
-                        xytext=(0, 2), textcoords="offset points")
+            ax.annotate(annotate.format(m), (i, m + err[1][i]), ha="center", va="bottom",
+                        fontsize=8, xytext=(0, 2), textcoords="offset points")
     ax.set_ylabel(ylabel)
     if title:
         ax.set_title(title)
