@@ -8,7 +8,8 @@ they make (gloo pays a fixed latency per call) and how many bytes they send.
 ``make_buckets`` is not DDP's bucketer: it fills buckets to *at least* ``bucket_bytes`` in
 registration order (here every tensor is ready at once, so only the count of calls matters),
 while ``lu.ddp.assign_buckets`` caps buckets at ``bucket_cap_mb`` in reverse order and splits
-on dtype, as PyTorch's DDP does, so that buckets fill in the order backward produces gradients.
+on dtype, so that buckets fill in the order backward produces gradients (as PyTorch's DDP does,
+though PyTorch closes a bucket once it has reached the cap rather than before: 04a shows both).
 """
 from __future__ import annotations
 
