@@ -73,24 +73,38 @@ class Lab:
 LABS = (
     Lab("1 Introduction 引言", "01_introduction", ("launcher", "env", "timing"),
         "this machine; a first 2-rank all-reduce from a notebook cell; what a failing or "
-        "deadlocked rank looks like; single-process training time vs data and model size",
-        "1", benchmarks=("launch",)),
+        "deadlocked rank looks like; training FLOPs (counted) and time vs data and model "
+        "size; a data split timed inside the ranks, launch cost apart",
+        "1", checkers=("max_allreduce", "mlp_flops_per_sample"), benchmarks=("launch",)),
     Lab("2 PyTorch essentials PyTorch简介", "02_pytorch_essentials",
         ("datasets", "models", "train", "run"),
-        "dynamic graphs, autograd vs finite differences, a training loop on real digits, "
-        "saving weights; the torch.distributed map with each launcher run once", "1.5"),
-    Lab("3.1 Concepts 基本概念", "03a_parallelism_concepts",
-        ("collectives", "costmodel", "async_sgd", "staleness", "figures"),
-        "every collective on 4 ranks, drawn; ring all-reduce from send/recv vs dist.all_reduce; "
-        "latency and bandwidth fitted (alpha-beta); sync vs async SGD and staleness", "1.5",
+        "dynamic graphs, autograd vs finite differences, grad_fn and saved tensors, a training "
+        "loop on real digits, "
+        "saving weights; the torch.distributed map with each launcher run once", "1.5",
+        checkers=("square", "count_graph_nodes")),
+    Lab("3.1 Concepts 基本概念 (1): collectives and their cost", "03a_parallelism_concepts",
+        ("collectives", "collective_demo", "costmodel", "figures"),
+        "data vs model parallelism; every collective on real ranks, drawn; ring all-reduce from "
+        "send/recv vs dist.all_reduce; bytes per link and message steps counted (ring, recursive "
+        "doubling, via a root); latency and bandwidth fitted (alpha-beta) with their spread", "1.5",
         checkers=("ring_all_reduce",), benchmarks=("collectives", "costmodel")),
-    Lab("3.2 Scenarios 应用场景", "03b_scenarios", ("workloads", "datasets", "train"),
+    Lab("3.1 Concepts 基本概念 (2): synchronous vs asynchronous SGD", "03b_sync_async_sgd",
+        ("async_sgd", "flat_mlp", "staleness"),
+        "sync SGD, a parameter server and Hogwild at equal work; a straggler; what staleness "
+        "does to convergence, a parameter server replayed from its trace", "1.5",
+        checkers=("stale_update",)),
+    Lab("3.2 Scenarios 应用场景", "03c_scenarios", ("workloads", "datasets", "train"),
         "image, language and video workloads on 1 and 2 ranks; compute-to-communication "
-        "ratio explains which scales", "1.5", checkers=("shard_batch",)),
-    Lab("3.3 Challenges 挑战", "03c_challenges",
-        ("comm_overhead", "collectives", "sync_batchnorm", "async_sgd", "staleness", "memory"),
-        "small messages vs buckets, compression; set_epoch, BatchNorm per rank vs synchronised; "
-        "memory of weights, gradients, optimiser state, activations; oversubscription", "1.5",
+        "ratio and what it does and does not explain", "1.5", checkers=("shard_batch",)),
+    Lab("3.3 Challenges 挑战 (1): communication overhead", "03d_communication_challenges",
+        ("comm_overhead", "collectives", "async_sgd"),
+        "small messages vs buckets; compression, and when it pays", "1.5",
+        checkers=("fp16_mean",)),
+    Lab("3.3 Challenges 挑战 (2): consistency and hardware", "03e_consistency_and_hardware",
+        ("data_consistency", "sync_batchnorm", "async_sgd", "memory", "oversubscription"),
+        "set_epoch and its effect on training, BatchNorm per rank vs synchronised, "
+        "nondeterminism; memory of weights, gradients, optimiser state, activations; "
+        "oversubscription", "1.5",
         checkers=("sync_batch_stats",)),
     Lab("4 DDP from scratch 分布式训练实现", "04a_ddp_from_scratch",
         ("ddp", "ddp_equivalence", "ddp_performance", "commcount"),
@@ -110,23 +124,32 @@ LABS = (
         "buckets, overlap and bf16", "1.5",
         checkers=("bus_bandwidth",), benchmarks=("ddp", "emulated_ddp")),
     Lab("5 Model parallelism principles 模型并行化原理", "05_model_parallel_principles",
-        ("model_parallel", "split_matmul", "memory", "timeline", "timeline_plot"),
-        "the memory wall; a naive layer split with send/recv checked equal to one process; "
-        "its idle timeline; the ideas of pipelining and of splitting a matmul", "1.5",
-        checkers=("naive_backward",)),
+        ("model_parallel", "stage_memory", "memory", "microbatch", "microbatch_idle",
+         "split_matmul", "timeline", "timeline_plot"),
+        "the memory wall, per-rank peaks measured vs the formula; a naive layer split with "
+        "send/recv checked equal to one process; its idle timeline; micro-batches with send vs "
+        "isend measured against (p-1)/(m+p-1); splitting a matmul", "1.5",
+        checkers=("naive_backward", "min_microbatches")),
     Lab("6 Pipeline parallelism 实践", "06a_pipeline_parallel",
-        ("pipeline", "torch_pipeline", "pipeline_bubble", "timeline", "timeline_plot"),
-        "GPipe and 1F1B from send/recv, checked equal; measured bubbles vs (p-1)/(m+p-1); "
-        "torch.distributed.pipelining; stage balance", "1.5",
+        ("pipeline", "torch_pipeline", "pipeline_bubble", "emulated_stages", "timeline",
+         "timeline_plot"),
+        "GPipe and 1F1B from send/recv, checked equal; bubbles counted and measured (emulated "
+        "compute) vs (p-1)/(m+p-1); torch.distributed.pipelining incl. interleaved 1F1B and "
+        "zero bubble; activation bytes; stage balance", "1.5",
         checkers=("one_f_one_b_schedule",), benchmarks=("pipeline",)),
-    Lab("6 Tensor parallelism 实践", "06b_tensor_parallel", ("tensor_parallel", "tp_equivalence"),
-        "Megatron column/row-parallel layers, parallel MLP and attention, checked equal; bytes "
-        "per layer; torch.distributed.tensor.parallel", "1.5",
-        checkers=("column_parallel_linear",)),
+    Lab("6 Tensor parallelism 实践", "06b_tensor_parallel",
+        ("tensor_parallel", "tp_equivalence", "tp_timing"),
+        "Megatron column/row-parallel layers, parallel MLP, attention and layer, checked equal; "
+        "bytes and all-reduces per layer; a layer timed on 1 rank vs TP vs DP, with timelines; "
+        "torch.distributed.tensor.parallel", "1.5",
+        checkers=("f_and_g",), benchmarks=("tensor_parallel",)),
     Lab("6 Sharding and memory 性能优化", "06c_sharding_and_memory",
-        ("sharding", "zero_training", "mesh_2d", "memory"),
-        "ZeRO 1/2/3 from scratch and FSDP2, memory vs formulas; activation checkpointing, "
-        "mixed precision, a 2-D mesh; an optimisation checklist", "1.5",
+        ("sharding", "zero_optimizer", "zero3", "zero_training", "zero_components", "gloo_frees",
+         "mesh_2d", "memory"),
+        "ZeRO 1/2/3 from scratch and FSDP2, checked equal (padding included); ZeRO-3 around a "
+        "tied-head GPT equal to fully_shard; measured peak minus activations within 5% of the "
+        "ZeRO formula per stage; checkpointing and bf16 "
+        "timed with spread; a 2-D mesh; an interleaved optimisation walk-through", "1.5",
         checkers=("zero1_step",), benchmarks=("zero",)),
     Lab("Conclusion and outlook 结论与展望", "07_conclusion_outlook",
         ("costmodel", "allreduce_fit", "emulated_ddp", "planspec", "planner", "published"),

@@ -1,5 +1,6 @@
 """labutils.parallel.async_sgd: sync SGD equals single-process SGD; the async ones converge."""
 import functools
+import time
 
 import pytest
 import torch
@@ -7,7 +8,7 @@ import torch
 import labutils as lu
 from labutils import async_sgd as A
 
-pytestmark = pytest.mark.lab03a
+pytestmark = pytest.mark.lab03b
 
 CFG = A.SGDConfig(steps=60, batch_size=16, lr=0.1, eval_every=20)
 
@@ -56,6 +57,36 @@ def test_hogwild_one_rank_is_plain_sgd_and_two_ranks_converge():
     assert two["examples"][-1] == CFG.steps * 2 * CFG.batch_size
 
 
+@pytest.mark.slow
+def test_equal_work_counted_examples_and_hogwild_waits_for_the_straggler():
+    X, y = _digits()
+    cfg = A.with_(CFG, steps=20, eval_every=10, delay=0.005)
+    t0 = time.perf_counter()
+    sync = A.run_sync(X, y, A.with_(cfg, lr=2 * cfg.lr), world_size=2)
+    launched = time.perf_counter() - t0
+    ps = A.run_parameter_server(X, y, cfg, world_size=3)
+    hog = A.run_hogwild(X, y, cfg, world_size=2)
+    work = 2 * cfg.steps * cfg.batch_size
+    # examples are counted by the ranks as they apply gradients: the same work for each
+    assert sync["examples"][-1] == ps["examples"][-1] == hog["examples"][-1] == work
+    assert all(r["examples"] == sorted(r["examples"]) for r in (sync, ps, hog))
+    # Hogwild's last point is taken after the straggler's last sleep, not on rank 0's clock
+    assert hog["time"][-1] >= cfg.steps * cfg.delay
+    # the clock runs inside the ranks: the launch (process start, imports) is not in it
+    assert 0 <= sync["time"][0] <= sync["time"][-1] < launched
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [2, 3])
+def test_parameter_server_equals_its_replay(workers):
+    X, y = _digits()
+    run = A.run_parameter_server(X, y, A.with_(CFG, steps=30), world_size=workers + 1)
+    assert len(run["trace"]) == 30 * workers
+    assert [v for _, _, v in run["trace"]] == [k - s for k, s in enumerate(run["staleness"])]
+    replayed = lu.staleness.replay_parameter_server(X, y, CFG, run["trace"])
+    torch.testing.assert_close(replayed, run["params"])
+
+
 def test_delayed_sgd_staleness_zero_is_sgd_and_large_staleness_hurts():
     X, y = _digits()
     cfg = A.with_(CFG, steps=100)
@@ -75,3 +106,26 @@ def test_bad_settings_refused_before_launch():
         A.run_hogwild(X.view(-1, 1, 8, 8), y, CFG)
     with pytest.raises(ValueError, match="delay"):
         A.run_sync(X, y, A.with_(CFG, delay=-1.0))
+
+
+@pytest.mark.slow
+def test_last_point_is_the_end_when_steps_is_not_a_multiple_of_eval_every():
+    X, y = _digits()
+    cfg = A.with_(CFG, steps=7, eval_every=5)   # points after 5 steps and at the end (7)
+    sync = A.run_sync(X, y, cfg, world_size=2)
+    assert sync["examples"] == [0, 5 * 2 * 16, 7 * 2 * 16]
+    ps = A.run_parameter_server(X, y, cfg, world_size=3)
+    assert ps["examples"][-1] == 7 * 2 * 16 and len(ps["trace"]) == 7 * 2
+    hog = A.run_hogwild(X, y, cfg, world_size=2)
+    assert hog["examples"][-1] == 7 * 2 * 16
+
+
+@pytest.mark.slow
+def test_the_ranks_clock_leaves_out_evaluation_and_launch():
+    X, y = _digits()
+    t0 = time.perf_counter()
+    run = A.run_sync(X, y, CFG, world_size=2)
+    outside = time.perf_counter() - t0
+    # evaluation (4 full-loss points) is measured, excluded from the clock, and returned
+    assert run["eval_s"] > 0
+    assert run["time"][-1] + run["eval_s"] < outside   # the rest is launch: measured outside

@@ -1,8 +1,10 @@
-"""labutils.parallel.collectives: ring and recursive-doubling all-reduce equal dist.all_reduce."""
+"""labutils.parallel.collectives: ring and recursive-doubling all-reduce equal dist.all_reduce;
+labutils.parallel.collective_demo: every collective, before and after."""
 import pytest
 import torch
 
 import labutils as lu
+from labutils import collective_demo as D
 from labutils import collectives as C
 
 from .checkers import assert_check, checker_cases
@@ -26,7 +28,7 @@ def _compare_with_gloo(rank, world_size):
             x = (torch.randn(n, generator=g) * 10).to(dtype)
             expected = x.clone()
             dist.all_reduce(expected)
-            for name in ("ring", "recursive_doubling"):
+            for name in ("ring", "recursive_doubling", "root"):
                 got = x.clone()
                 out = C.ALL_REDUCES[name](got)
                 assert out is got  # in place, like dist.all_reduce
@@ -36,7 +38,7 @@ def _compare_with_gloo(rank, world_size):
     x = torch.randn(4, 6, generator=torch.Generator().manual_seed(rank)).t()
     expected = x.clone()
     dist.all_reduce(expected)
-    for fn in (C.ring_all_reduce, C.recursive_doubling_all_reduce):
+    for fn in (C.ring_all_reduce, C.recursive_doubling_all_reduce, C.root_all_reduce):
         got = x.clone().t().contiguous().t()  # same layout as x
         fn(got)
         torch.testing.assert_close(got, expected)
@@ -76,8 +78,8 @@ def test_all_reduces_respect_the_group():
 
 @pytest.mark.slow
 def test_every_collective_before_after():
-    res = C.run_collectives(world_size=4)
-    assert set(res) == set(C.COLLECTIVES)
+    res = D.run_collectives(world_size=4)
+    assert set(res) == set(D.COLLECTIVES)
     assert res["all_reduce"][1] == [[60.0, 64.0, 68.0]] * 4
     assert res["broadcast"][1] == [[0.0, 1.0, 2.0]] * 4
     assert res["reduce"][1][0] == [60.0, 64.0, 68.0]
@@ -87,12 +89,12 @@ def test_every_collective_before_after():
     assert res["gather"][1][0] == [0.0, 10.0, 20.0, 30.0]
     assert res["send_recv"][1][1] == [0.0, 1.0, 2.0]  # rank 1 got rank 0's tensor
     fig = lu.figures.plot_collectives(res)
-    assert len(fig.axes) == 2 * len(C.COLLECTIVES)
+    assert len(fig.axes) == 2 * len(D.COLLECTIVES)
 
 
 def test_bad_input_refused_before_launch():
     with pytest.raises(ValueError, match="unknown collective"):
-        C.run_collectives(names=["allreduce"])
+        D.run_collectives(names=["allreduce"])
     with pytest.raises(ValueError, match="world_size >= 2"):
         C.measure_all_reduce([1024], world_size=1)
     with pytest.raises(ValueError, match="unknown all-reduce"):
@@ -111,6 +113,40 @@ def test_measure_all_reduce_returns_stats_per_size():
     stats = C.measure_all_reduce([4 * 1024, 64 * 1024], world_size=2, repeats=2)
     assert set(stats) == {"gloo", "ring", "recursive_doubling"}
     assert all(len(v) == 2 and all(s.n == 2 and s.min > 0 for s in v) for v in stats.values())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_traced_messages_and_bytes_per_rank(world_size):
+    p, numel = world_size, 12 * 5 * 7        # divisible by 2, 3 and 4: no uneven chunks
+    n = numel * 4                            # bytes of the fp32 tensor
+    t = C.trace_all_reduce(p, numel)
+    ring, rd, root = t["ring"], t["recursive_doubling"], t["root"]
+    # the ring: 2(p-1) message steps on every rank, each rank sends and receives 2(p-1)/p n
+    assert ring["steps"] == [2 * (p - 1)] * p
+    assert ring["sent"] == ring["received"] == [2 * (p - 1) * n // p] * p
+    assert set(ring["link"]) == {(r, (r + 1) % p) for r in range(p)}   # neighbours only
+    # recursive doubling: log2 p rounds of whole tensors; 3 steps at p = 3 (fold, 1 round, unfold)
+    assert max(rd["steps"]) == {2: 1, 3: 3, 4: 2}[p]
+    # via a root: rank 0 receives and sends (p-1) whole tensors; every other rank one each way
+    assert root["received"][0] == root["sent"][0] == (p - 1) * n
+    assert root["sent"][1:] == root["received"][1:] == [n] * (p - 1)
+    # every algorithm moves at least 2(p-1) n in total; the ring's busiest rank is at the bound
+    for name, tr in t.items():
+        assert sum(tr["sent"]) == sum(tr["link"].values()) >= 2 * (p - 1) * n, name
+        assert max(tr["sent"]) >= 2 * (p - 1) * n // p, name
+
+
+def test_trace_refuses_gloo():
+    with pytest.raises(ValueError, match="from-scratch"):
+        C.trace_all_reduce(2, 8, names=("gloo",))
+
+
+@pytest.mark.slow
+def test_measure_all_reduce_with_calls_per_sample():
+    stats = C.measure_all_reduce([1024], world_size=2, impls=("ring", "root"), repeats=3, calls=4)
+    assert set(stats) == {"ring", "root"}
+    assert all(s[0].n == 3 and s[0].min > 0 for s in stats.values())
 
 
 # ---- the exercise checker ------------------------------------------------------------------
@@ -138,14 +174,21 @@ def _average(tensor):
     return tensor
 
 
+def _not_in_place(tensor):
+    """Typical mistake: sums into a copy and returns nothing."""
+    import torch.distributed as dist
+    dist.all_reduce(tensor.clone())
+
+
 def _stub(tensor):
     raise NotImplementedError  # FILL ME IN
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("answer, verdict", checker_cases(C.ring_all_reduce, {
-    "reduce_scatter_only": (_reduce_scatter_only, ("rank", "expected")),
-    "average": (_average, "expected"),
+    "reduce_scatter_only": (_reduce_scatter_only, ("rank", "expected", "all-gather steps")),
+    "average": (_average, ("expected", "holds the mean")),
+    "not_in_place": (_not_in_place, ("expected", "unchanged", "in place")),
     "stub": (_stub, "not implemented"),
 }, passes="passed", also_right={"recursive_doubling": C.recursive_doubling_all_reduce}))
 def test_checker_accepts_reference_and_rejects_mistakes(answer, verdict):

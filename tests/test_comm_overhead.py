@@ -1,11 +1,15 @@
-"""labutils.experiments.comm_overhead: flat, bucketed and compressed all-reduce equal per-tensor all-reduce."""
+"""labutils.experiments.comm_overhead: flat, bucketed and compressed all-reduce equal per-tensor
+all-reduce; and the checker of lab 03d's exercise (fp16_mean)."""
 import pytest
 import torch
 
 import labutils as lu
 from labutils import comm_overhead as G
+from labutils.exercises import lab03d as C
 
-pytestmark = pytest.mark.lab03c
+from .checkers import assert_check, checker_cases
+
+pytestmark = pytest.mark.lab03d
 
 SHAPES = [(3, 5), (7,), (1,), (4, 4, 2), (11,)]
 
@@ -33,7 +37,7 @@ def _compare(rank, world_size):
 
 @pytest.mark.slow
 def test_variants_equal_per_tensor_all_reduce():
-    calls = lu.launch(_compare, world_size=3)
+    calls = lu.launch(_compare, world_size=3, warn_oversubscription=False)  # times nothing
     assert calls[0] == {"flat": 1, "buckets": 3, "fp16": 1, "bf16": 1}
 
 
@@ -52,3 +56,54 @@ def test_measure_gradient_sync_counts_calls_and_bytes():
     assert res["flat buffer"][2] == 162 * 4 and res["flat fp16"][2] == 162 * 2
     with pytest.raises(ValueError, match="world_size"):
         G.measure_gradient_sync(model, world_size=1)
+
+
+# --- the exercise of lab 03d: the mean gradient in one fp16 all-reduce -----------------------
+
+def _per_tensor(tensors, world_size):
+    import torch.distributed as dist
+    for t in tensors:
+        half = (t / world_size).half()
+        dist.all_reduce(half)
+        t.copy_(half)
+
+
+def _fp32(tensors, world_size):
+    import torch.distributed as dist
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    dist.all_reduce(flat)
+    flat /= world_size
+    for t, part in zip(tensors, flat.split([t.numel() for t in tensors])):
+        t.copy_(part.view_as(t))
+
+
+def _divide_after(tensors, world_size):
+    import torch.distributed as dist
+    flat = torch.cat([t.reshape(-1) for t in tensors]).half()
+    dist.all_reduce(flat)
+    flat /= world_size
+    for t, part in zip(tensors, flat.split([t.numel() for t in tensors])):
+        t.copy_(part.view_as(t))
+
+
+def _returns_new(tensors, world_size):
+    import torch.distributed as dist
+    flat = (torch.cat([t.reshape(-1) for t in tensors]) / world_size).half()
+    dist.all_reduce(flat)
+    return [p.view_as(t).float() for t, p in zip(tensors, flat.split([t.numel() for t in tensors]))]
+
+
+def _stub(tensors, world_size):
+    raise NotImplementedError
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("answer, verdict", checker_cases(C.fp16_mean, {
+    "one_call_per_tensor": (_per_tensor, ("all-reduce calls", "expected 1")),
+    "sends_fp32": (_fp32, ("dtype sent", "float16", "float32")),
+    "divides_after_the_sum": (_divide_after, ("overflowed", "divide by world_size before")),
+    "not_in_place": (_returns_new, ("unchanged", "copy_")),
+    "stub": (_stub, "not implemented"),
+}, passes="passed"))
+def test_fp16_mean_checker(answer, verdict):
+    assert_check(lu.check_fp16_mean, answer, verdict)

@@ -1,14 +1,18 @@
-"""labutils.parallel.model_parallel: naive model parallelism, checked against one process (lab 05)."""
+"""Lab 05: naive model parallelism, the micro-batched forward (send vs isend) and its measured idle share, the per-stage memory formula against measured peaks, and the two checkers; each checked against one process."""
 import itertools
+import os
+import time
 import warnings
 from functools import partial
 
+import numpy
 import pytest
 import torch
 import torch.distributed as dist
 
 import labutils as lu
 from labutils import model_parallel as mp
+from labutils.exercises import lab05
 
 from .checkers import assert_check, checker_cases
 
@@ -90,9 +94,8 @@ def test_naive_model_parallel_equals_one_process(world_size):
     torch.testing.assert_close(grads, ref["grads"])
     torch.testing.assert_close(mp.merge_stage_results(results, "params"), ref["params"])
     # naive model parallelism: ranks take turns, so each is idle most of the step
-    from labutils.core.timeline import bubble_fraction, flatten
     assert all(r["output"] is None for r in results[:-1])
-    assert bubble_fraction(flatten([r["spans"] for r in results])) > 0
+    assert lu.timeline.bubble_fraction(lu.timeline.flatten([r["spans"] for r in results])) > 0
 
 
 @pytest.mark.slow
@@ -123,19 +126,116 @@ def test_split_matmuls_equal_the_full_matmul(world_size):
             torch.testing.assert_close(y, x @ w)
 
 
-def _microbatched(rank, world_size, x, n_microbatches):
-    return mp.microbatched_forward(rank, world_size, mp.split_model(MODEL(), world_size), x,
-                                   n_microbatches)
+def _microbatched(rank, world_size, x, n_microbatches, blocking):
+    return lu.microbatch.microbatched_forward(rank, world_size, mp.split_model(MODEL(), world_size),
+                                              x, n_microbatches, blocking=blocking)
 
 
 @pytest.mark.slow
-def test_microbatched_forward_equals_the_whole_batch():
-    from labutils import launch
+@pytest.mark.parametrize("blocking", [False, True])
+def test_microbatched_forward_equals_the_whole_batch(blocking):
     x, _ = _batch()
-    results = launch(_microbatched, x, 4, world_size=3, timeout=60)
+    results = lu.launch(_microbatched, x, 4, blocking, world_size=3, timeout=60,
+                        warn_oversubscription=False)
     with torch.no_grad():
         torch.testing.assert_close(results[-1][0], MODEL()(x))
+    assert all(out is None for out, _ in results[:-1])
     assert [len(spans) for _, spans in results] == [4, 4, 4]
+
+
+def test_unequal_microbatches_are_refused():
+    with pytest.raises(ValueError, match=r"cannot be split into 5 equal micro-batches: use one of \[1, 2, 3, 4, 6, 12\]"):
+        lu.microbatch.validate_microbatches(12, 5)
+
+
+def _handoff(rank, world_size, blocking, marker, returned):
+    """Rank 1 posts its recv only after rank 0's hand-off returned (isend) or after writing the
+    marker (send); rank 0 reports whether the marker existed when its hand-off returned."""
+    t = torch.zeros(4, 8)
+    if rank == 1:
+        if not blocking:
+            while not os.path.exists(returned):     # isend must return without our recv
+                time.sleep(0.01)
+        open(marker, "w").close()                   # about to post the recv
+        dist.recv(t, src=0)
+        return None
+    if blocking:
+        dist.send(t, dst=1)
+        return os.path.exists(marker)
+    work = dist.isend(t, dst=1)
+    seen = os.path.exists(marker)
+    open(returned, "w").close()
+    work.wait()
+    return seen
+
+
+@pytest.mark.slow
+def test_gloo_send_waits_for_the_recv_and_isend_does_not(tmp_path):
+    for blocking in (True, False):
+        marker, returned = tmp_path / f"posted{blocking}", tmp_path / f"returned{blocking}"
+        seen = lu.launch(_handoff, blocking, str(marker), str(returned), world_size=2,
+                         timeout=30)[0]
+        # send returns only after the receiver is at its recv; isend returns before it is
+        assert seen is blocking
+
+
+@pytest.mark.slow
+def test_microbatch_idle_measure_reports_every_variant():
+    model_fn = partial(lu.pipeline.make_pipeline_mlp, 4, 8, 16, 4, [0.05] * 4)
+    x, _ = _batch(8)
+    rows = lu.microbatch_idle.measure(model_fn, x, world_size=2, variants=((1, False), (4, True)),
+                                      repeats=2, rounds=3)
+    for v in ((1, False), (4, True)):
+        with torch.no_grad():
+            torch.testing.assert_close(rows[v]["output"], model_fn()(x))
+        assert rows[v]["idle"].n == 2 and 0 <= rows[v]["idle"].min <= rows[v]["idle"].max < 1
+        assert rows[v]["formula"] == (2 - 1) / (v[0] + 2 - 1)
+        assert len(rows[v]["spans"]) == 2 * v[0]          # one span per micro-batch per rank
+    assert rows["hop"].n == 3
+    one_rank = lu.microbatch_idle.measure(model_fn, x, world_size=1, variants=((2, False),),
+                                          repeats=1, rounds=3)
+    assert one_rank["hop"] is None and len(one_rank[(2, False)]["spans"]) == 2   # no ping-pong
+    with torch.no_grad():
+        torch.testing.assert_close(one_rank[(2, False)]["output"], model_fn()(x))
+
+
+# ---- the memory formula of this lab (gradients fresh) against the measured peak -----------
+
+def test_fresh_formula_matches_one_process_peak():
+    model_fn = partial(mp.make_mlp, 8, 128, 64, 10, 0)
+    x, y = _batch(64, 64, 10)
+    est = lu.memory.model_memory(model_fn(), optimizer="sgd", example_input=x, gradients="fresh")
+    assert est["total"] == sum(est[t] for t in lu.memory.TERMS)
+    assert est["weights"] == mp.weight_bytes(model_fn()) and est["optimizer"] == 0
+    peak = mp.single_process_peak(model_fn, x, y)
+    assert abs(peak / est["total"] - 1) < 0.05
+    kept = lu.memory.model_memory(model_fn(), optimizer="sgd", example_input=x)
+    assert est["total"] < kept["total"]                  # gradients and activations never all coexist
+    with pytest.raises(ValueError, match="'kept' or 'fresh'"):
+        lu.memory.model_memory(model_fn(), gradients="sometimes")
+
+
+@pytest.mark.slow
+def test_stage_formulas_match_each_ranks_measured_peak():
+    model_fn = partial(mp.make_mlp, 8, 128, 64, 10, 0)
+    x, y = _batch(64, 64, 10)
+    rows = lu.stage_memory.formula_vs_measured(model_fn, x, y, world_sizes=(1, 2, 4))
+    assert [len(r) for r in rows.values()] == [1, 2, 4]
+    for per_rank in rows.values():
+        for est, peak in per_rank:
+            assert abs(peak / est["total"] - 1) < 0.05, (est, peak)
+
+
+@pytest.mark.slow
+def test_naive_model_parallel_counts_two_messages_per_boundary_and_keeps_step_spans():
+    x, y = _batch()
+    results = mp.run_naive_model_parallel(MODEL, x, y, world_size=3, steps=2, count_messages=True,
+                                          warn_oversubscription=False)
+    assert [r["messages"].get("c10d.send", 0) for r in results] == [1, 2, 1]
+    assert [r["messages"].get("c10d.recv_", 0) for r in results] == [1, 2, 1]
+    for r in results:
+        assert len(r["step_spans"]) == 2
+        assert [[s.name for s in step] for step in r["step_spans"]] == [["forward", "backward"]] * 2
 
 
 # ---- the exercise checker ----------------------------------------------------------------
@@ -168,3 +268,57 @@ def _not_done(rank, world_size, stage_input, stage_output, loss):
 }))
 def test_check_naive_backward_accepts_reference_and_names_mistakes(answer, verdict):
     assert_check(lu.check_naive_backward, answer, verdict)
+
+
+def _off_by_one(p, max_idle):             # stops where the share equals the target (<=)
+    m = 1
+    while (p - 1) / (m + p - 1) > max_idle:
+        m += 1
+    return m
+
+
+def _p_not_p_minus_1(p, max_idle):
+    m = 1
+    while p / (m + p) >= max_idle:
+        m += 1
+    return m
+
+
+def _forgets_fill(p, max_idle):           # (p-1)/m
+    m = 1
+    while (p - 1) / m >= max_idle:
+        m += 1
+    return m
+
+
+def _returns_the_share(p, max_idle):
+    return (p - 1) / (lab05.min_microbatches(p, max_idle) + p - 1)
+
+
+def _one_too_many(p, max_idle):
+    return lab05.min_microbatches(p, max_idle) + 1
+
+
+def _closed_form(p, max_idle):            # also right: floor((p-1)/t - (p-1)) + 1, where exact
+    m = int((p - 1) / max_idle - (p - 1)) + 1
+    return m - 1 if (p - 1) / (m - 1 + p - 1) < max_idle else m
+
+
+def _numpy_int(p, max_idle):             # also right: an integer that is not a Python int
+    return numpy.int64(lab05.min_microbatches(p, max_idle))
+
+
+def _stub(p, max_idle):
+    raise NotImplementedError
+
+
+@pytest.mark.parametrize("answer, verdict", checker_cases(lab05.min_microbatches, {
+    "off_by_one": (_off_by_one, ("expected 28, got 27", "equals the target", "<=")),
+    "p_not_p_minus_1": (_p_not_p_minus_1, ("got 37", "(p-1)/(m+p-1)", "not p")),
+    "forgets_fill": (_forgets_fill, ("got 31", "m+p-1")),
+    "returns_the_share": (_returns_the_share, "looks like an idle share"),
+    "one_too_many": (_one_too_many, ("got 29", "smallest")),
+    "stub": (_stub, "not implemented"),
+}, passes="5 cases passed", also_right={"closed_form": _closed_form, "numpy_int": _numpy_int}))
+def test_check_min_microbatches_accepts_reference_and_names_mistakes(answer, verdict):
+    assert_check(lu.check_min_microbatches, answer, verdict)

@@ -5,7 +5,7 @@ import torch
 import labutils as lu
 from labutils import models
 
-pytestmark = [pytest.mark.lab03b, pytest.mark.usefixtures("one_thread")]
+pytestmark = [pytest.mark.lab03c, pytest.mark.usefixtures("one_thread")]
 
 
 def test_shapes_and_sizes():

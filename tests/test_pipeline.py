@@ -1,4 +1,5 @@
-"""labutils.parallel.pipeline: GPipe and 1F1B from send/recv, checked against one process (lab 06a)."""
+"""labutils.parallel.pipeline: GPipe and 1F1B from send/recv, checked against one process; PyTorch's
+schedules (interleaved 1F1B, zero bubble) on the same stages; counted bubbles and activations (lab 06a)."""
 import warnings
 from functools import partial
 
@@ -8,6 +9,9 @@ import torch
 import labutils as lu
 from labutils import model_parallel as mp
 from labutils import pipeline as pl
+from labutils import pipeline_bubble as pb
+from labutils import torch_pipeline as tp
+from labutils.core.timeline import Span
 
 from .checkers import assert_check, checker_cases
 
@@ -44,7 +48,7 @@ def test_schedules_are_valid_and_bound_activations(p, m):
 
 
 def test_one_f_one_b_order_spelled_out():
-    text = lambda ops: " ".join(f"{o}{i}" for o, i in ops)  # noqa: E731
+    text = lambda ops: " ".join(f"{o}{i}" for o, i in ops)
     assert text(pl.one_f_one_b_schedule(0, 4, 5)) == "F0 F1 F2 F3 B0 F4 B1 B2 B3 B4"
     assert text(pl.one_f_one_b_schedule(2, 4, 5)) == "F0 F1 B0 F2 B1 F3 B2 F4 B3 B4"
     assert text(pl.one_f_one_b_schedule(3, 4, 3)) == "F0 B0 F1 B1 F2 B2"
@@ -58,6 +62,94 @@ def test_schedule_problem_names_the_mistake():
 def test_received_before_releases_only_gradients_already_taken():
     prev = pl.one_f_one_b_schedule(0, 2, 3)            # F0 F1 B0 F2 B1 B2
     assert pl.received_before(prev) == {0: set(), 1: set(), 2: {0}}
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("m", [1, 2, 5, 8, 16])
+def test_ideal_machine_counts_the_bubble_formula_for_both_schedules(p, m):
+    for schedule in ("gpipe", "1f1b"):
+        counted = pb.ideal_bubble(pb.stage_per_rank(schedule, p, m))
+        assert counted == pytest.approx(pl.predicted_bubble(p, m), abs=1e-12)
+        assert pb.ideal_makespan(pb.stage_per_rank(schedule, p, m)) == 3 * (m + p - 1)
+
+
+def _warmup_s(stage, n_stages, n_microbatches):      # a typical mistake: warm-up of s forwards
+    w = min(stage, n_microbatches)
+    ops = [("F", i) for i in range(w)]
+    for i in range(n_microbatches - w):
+        ops += [("F", w + i), ("B", i)]
+    return ops + [("B", i) for i in range(n_microbatches - w, n_microbatches)]
+
+
+def test_ideal_machine_reports_a_deadlock_instead_of_hanging():
+    assert pl.schedule_problem(_warmup_s(0, 4, 5), 5) is None      # each list alone is valid
+    with pytest.raises(ValueError, match=r"deadlock: rank 0 at B0 of stage 0"):
+        pb.ideal_timeline(pb.stage_per_rank(_warmup_s, 4, 5))
+
+
+def test_ideal_machine_weights_stages_by_cost():
+    costs = mp.stage_costs([1, 1, 1, 1, 1, 1, 3, 3], [2, 2, 2, 2])          # [2, 2, 2, 6]
+    one_stage_slow = pb.ideal_makespan(pb.stage_per_rank("1f1b", 4, 8), stage_weights=costs)
+    # the slow stage runs m forward+backward pairs of 18 units; the fast ones fill and drain
+    assert one_stage_slow == 8 * 18 + 3 * 2 + 3 * 4
+    assert pb.ideal_makespan(pb.stage_per_rank("1f1b", 4, 8), stage_weights=[3] * 4) == 9 * 11
+
+
+def test_interleaved_formula_reduces_to_the_plain_one():
+    assert tp.interleaved_bubble(4, 8, 1) == pl.predicted_bubble(4, 8)
+    assert tp.interleaved_bubble(4, 8, 2) == pytest.approx(3 / 19)
+    assert tp.stage_ids("interleaved_1f1b", 1, 4) == [1, 5]
+    assert tp.stage_ids("zbv", 1, 4) == [1, 6]
+
+
+def test_saved_bytes_counts_while_the_graph_lives():
+    lin = torch.nn.Linear(8, 8)
+    x = torch.randn(4, 8, requires_grad=True)
+    memory = pl.SavedBytes(lin)
+    with memory.saving(0):
+        y0 = torch.tanh(lin(x))           # saves x (Linear) and tanh's output: 2 x 4 x 8 floats
+    with memory.saving(1):
+        y1 = torch.tanh(lin(x[:2]))       # a view of x: its own 2 rows, then tanh's 2 x 8
+    assert memory.bytes == memory.peak_bytes == (2 * 32 + 2 * 16) * 4
+    assert memory.peak_microbatches == 2
+    y0.sum().backward()                   # frees micro-batch 0's graph
+    assert memory.bytes == 2 * 16 * 4
+    y1.sum().backward()
+    assert memory.bytes == 0 and memory.live == {} and not memory.by_label
+
+
+def test_delay_changes_no_value_and_splits_backward_when_asked():
+    plain = pl.make_pipeline_mlp(3, 8, 4, 2)
+    emulated = pl.make_pipeline_mlp(3, 8, 4, 2, [0.01] * 3, 0, True)
+    x = torch.randn(5, 4)
+    assert torch.equal(plain(x), emulated(x))
+    plain(x).sum().backward()
+    emulated(x).sum().backward()
+    extra = {n: p.grad for n, p in emulated.named_parameters() if n.endswith("emulated_weight")}
+    assert len(extra) == 3 and all(g.item() == 0 for g in extra.values())
+    for (n, p), (_, q) in zip(plain.named_parameters(),
+                              [(n, q) for n, q in emulated.named_parameters() if n not in extra]):
+        assert torch.equal(p.grad, q.grad), n
+    tl = lu.timeline.Timeline(0)
+    with lu.emulated_stages.recording(tl):
+        emulated(x).sum().backward()
+    assert sorted(s.name for s in tl.spans) == ["B"] * 3 + ["F"] * 3 + ["W"] * 3
+
+
+def test_op_gaps_and_latency_model():
+    def span(rank, name, i, start, end):
+        return Span(rank, name, start, end, str(i))
+    # stage 1 starts F0 0.5 after stage 0 ends it; stage 0 starts B0 0.25 after stage 1 ends it
+    results = [{"spans": [span(0, "forward", 0, 0, 1), span(0, "backward", 0, 4.25, 6)]},
+               {"spans": [span(1, "forward", 0, 1.5, 2.5), span(1, "backward", 0, 2.5, 4)]}]
+    assert sorted(pb.op_gaps(results)) == [0.0, 0.25, 0.5]
+    assert pb.latency_bubble(4, 8, 0.03, 0.0) == pytest.approx(pl.predicted_bubble(4, 8))
+    slot, gap = 0.03, 0.001    # two gaps per slot: m slots of work in (m + p - 1) longer slots
+    assert pb.latency_bubble(4, 8, slot, gap) == pytest.approx(1 - 8 * slot / (11 * (slot + 2 * gap)))
+    for p, m in ((2, 4), (2, 8), (4, 4), (4, 8)):   # the allowed gap puts the model at +10% exactly
+        allowed = pb.gap_allowed(p, m, slot)
+        assert allowed > 0
+        assert pb.latency_bubble(p, m, slot, allowed) == pytest.approx(1.1 * pl.predicted_bubble(p, m))
 
 
 def test_bad_configurations_raise_before_any_process():
@@ -130,6 +222,66 @@ def test_torch_pipelining_matches_the_from_scratch_pipeline(world_size):
             torch.testing.assert_close(theirs[schedule][-1]["losses"], ours[-1]["losses"])
 
 
+@pytest.mark.slow
+def test_every_torch_schedule_trains_like_one_process_and_runs_the_counted_order():
+    """Interleaved 1F1B and both zero-bubble schedules (v = 2 stages per rank), with W emulated on
+    its own path, equal one process; their own orders idle what the ideal machine counts."""
+    p, m = 2, 4
+    emulated = partial(pl.make_pipeline_mlp, 4, 16, 16, 4, [0.05] * 4, 0, True)
+    plain = partial(pl.make_pipeline_mlp, 4, 16, 16, 4)
+    x, y = _batch(8)
+    runs = tp.run_torch_pipeline(emulated, x, y, world_size=p, schedules=tuple(tp.SCHEDULES),
+                                 n_microbatches=m, steps=2)
+    ref = pl.reference_train(plain, x, y, steps=2)
+    for schedule, per_rank in runs.items():
+        for key in ("grads", "params"):
+            got = mp.merge_stage_results(per_rank, key)
+            extra = [n for n in got if n.endswith("emulated_weight")]
+            assert len(extra) == 4 and all(got[n].item() == 0 for n in extra), schedule
+            torch.testing.assert_close({n: t for n, t in got.items() if n not in extra}, ref[key])
+        torch.testing.assert_close(next(r["losses"] for r in per_rank if r["losses"]), ref["losses"])
+        kinds = {s.name for r in per_rank for s in r["work_spans"][-1]}
+        assert kinds == {"F", "B", "W"}, (schedule, kinds)     # W ran on its own path
+    orders = {s: runs[s][0]["order"] for s in ("interleaved_1f1b", "zero_bubble", "zbv")}
+    assert pb.ideal_bubble(orders["interleaved_1f1b"]) == pytest.approx(tp.interleaved_bubble(p, m, 2))
+    for schedule in ("zero_bubble", "zbv"):
+        assert {k for rank in orders[schedule] for k, _, _ in rank} == {"F", "I", "W"}
+        assert pb.ideal_bubble(orders[schedule]) < tp.interleaved_bubble(p, m, 2)
+    assert [len(rank) for rank in orders["interleaved_1f1b"]] == [2 * 2 * m] * p   # F, B per stage
+
+
+@pytest.mark.slow
+def test_saved_bytes_agree_between_our_executor_and_torchs():
+    x, y = _batch(16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = tp.run_torch_pipeline(MODEL, x, y, world_size=2, n_microbatches=4, steps=2)
+        for schedule in ("gpipe", "1f1b"):
+            ours = pl.run_pipeline(MODEL, x, y, world_size=2, schedule=schedule, n_microbatches=4)
+            assert [r["peak_saved_bytes"][-1] for r in theirs[schedule]] == \
+                [r["peak_activation_bytes"] for r in ours], schedule
+    assert all(o < g for o, g in zip(*[[r["peak_saved_bytes"][-1] for r in theirs[s]]
+                                       for s in ("1f1b", "gpipe")]))
+
+
+@pytest.mark.slow
+def test_measure_rounds_keeps_every_round_of_every_variant():
+    model_fn = pb.emulated_model(2, 0.4, 2)
+    timed = pb.measure_rounds(model_fn, 2, [("gpipe", 2, None), ("1f1b", 4, (1, 1))],
+                              microbatch_size=2, repeats=2)
+    assert set(timed) == {("gpipe", 2, None), ("1f1b", 4, (1, 1))}
+    for (schedule, m, _), runs in timed.items():
+        assert len(runs) == 2
+        for run in runs:
+            for rank, result in enumerate(run):
+                ops = sorted((s.name, s.label) for s in result["spans"])
+                assert ops == sorted((n, str(i)) for n in ("forward", "backward")
+                                     for i in range(m)), (schedule, rank)
+                assert sorted(s.name for s in result["work_spans"]) == ["B"] * m + ["F"] * m
+            assert 0 <= pb.measured_bubble(run) < 1
+            assert len(pb.op_gaps(run)) == 4 * m - 1     # every op but stage 0's first
+
+
 # ---- the bubble, measured from a timeline ---------------------------------------------------
 # The measured bubble against (p-1)/(m+p-1) is a timing, so it is a target of
 # `python -m labutils.bench pipeline`, not a test (tests assert no timings).
@@ -157,14 +309,21 @@ def _backward_first(stage, n_stages, n_microbatches):
     return list(reversed(pl.one_f_one_b_schedule(stage, n_stages, n_microbatches)))
 
 
+def _one_too_many(stage, n_stages, n_microbatches):    # warm-up of p - s forwards
+    return pl.one_f_one_b_schedule(stage, n_stages + 1, n_microbatches)
+
+
 def _not_done(stage, n_stages, n_microbatches):
     raise NotImplementedError
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("answer, verdict", checker_cases(pl.one_f_one_b_schedule, {
-    "gpipe_order": (_gpipe_order, ("'order'", "expected 'B0'")),
+    "gpipe_order": (_gpipe_order, ("forwards before the first backward (1F1B: min(p - s, m))",
+                                   "expected 2, got 6")),
+    "one_forward_too_many": (_one_too_many, ("forwards before the first backward", "expected 2, got 3")),
     "backward_first": (_backward_first, "before F"),
+    "warmup_of_s": (_warmup_s, "deadlock: rank 0 at B0 of stage 0"),
     "not_done": (_not_done, "not implemented"),
 }))
 def test_check_one_f_one_b_schedule_accepts_reference_and_names_mistakes(answer, verdict):

@@ -8,7 +8,7 @@ from labutils import sync_batchnorm as S
 
 from .checkers import assert_check, checker_cases
 
-pytestmark = pytest.mark.lab03c
+pytestmark = pytest.mark.lab03e
 
 
 def _whole_batch(world_size, shape, seed=0):
@@ -69,7 +69,8 @@ def _compare(rank, world_size, shape, affine):
 @pytest.mark.parametrize("world_size,shape,affine", [(2, (3,), True), (3, (2, 4, 4), True),
                                                       (2, (4, 5), False)])
 def test_sync_batchnorm_equals_batchnorm_on_whole_batch(world_size, shape, affine):
-    assert lu.launch(_compare, shape, affine, world_size=world_size) == [True] * world_size
+    assert lu.launch(_compare, shape, affine, world_size=world_size,
+                     warn_oversubscription=False) == [True] * world_size
 
 
 def test_single_process_is_plain_batchnorm():
@@ -94,14 +95,26 @@ def _local_only(x):
     return x.mean(0), x.var(0, unbiased=False)
 
 
+def _unbiased(x):
+    """Typical mistake: the global batch's sums, but divided by n - 1 (torch.var's default)."""
+    import torch.distributed as dist
+    C = x.shape[1]
+    stats = torch.cat([x.sum(0), (x * x).sum(0), torch.tensor([float(len(x))])])
+    dist.all_reduce(stats)
+    n = stats[-1]
+    mean = stats[:C] / n
+    return mean, (stats[C:2 * C] - n * mean * mean) / (n - 1)
+
+
 def _stub(x):
     raise NotImplementedError  # FILL ME IN
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("answer, verdict", checker_cases(lambda x: S.sync_batch_stats(x)[:2], {
-    "mean_of_means": (_mean_of_means, ("expected", "rank")),
-    "local_only": (_local_only, "expected"),
+    "mean_of_means": (_mean_of_means, ("key 'mean'", "mean of ranks' means", "unequal batch")),
+    "local_only": (_local_only, ("key 'mean'", "this rank's only", "all-reduce")),
+    "unbiased": (_unbiased, ("key 'variance'", "unbiased (n-1)", "divides by n")),
     "stub": (_stub, "not implemented"),
 }))
 def test_checker_accepts_reference_and_rejects_mistakes(answer, verdict):

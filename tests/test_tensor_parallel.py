@@ -1,13 +1,18 @@
-"""Megatron tensor parallelism (labutils.parallel.tensor_parallel, lab 06b): every parallel block equal to
-its single-process block (outputs and all gradients) on 2 and 4 real ranks, bytes counted equal
-to the formula, PyTorch's parallelize_module equal too, bad splits refused before launch."""
+"""Megatron tensor parallelism (labutils.parallel.tensor_parallel, lab 06b): every parallel block
+(MLP, attention, a layer of both) equal to its single-process block (outputs and all gradients)
+on 2 and 4 real ranks, bytes and all-reduces counted equal to the formula, PyTorch's
+parallelize_module equal too, bad splits refused before launch; the timing experiment's shape
+(no timed assertions); the f and g checker against typical mistakes."""
 import pytest
 import torch
 import torch.distributed as dist
-import torch.nn as nn
+from torch import nn
 
 import labutils as lu
 from labutils import tensor_parallel as tp
+from labutils.core.timeline import Span
+from labutils.core.timing import Stats
+from labutils.exercises import lab06b
 
 from .checkers import assert_check, checker_cases
 
@@ -83,6 +88,24 @@ def test_parallel_block_equals_single_process(block, world_size):
     assert res["param_shapes"][first] == (width // world_size, 16)
 
 
+@pytest.mark.slow
+def test_parallel_layer_equals_single_process_with_four_all_reduces():
+    res = lu.tp_equivalence.run_block_check("layer", 2, batch=2, seq=4, hidden=16, num_heads=4)
+    assert len(res["max_abs_diff"]) == 2 + 8          # attention's and the MLP's 4 params each
+    assert (res["forward_calls"], res["backward_calls"]) == (2, 2)
+    formula = tp.comm_bytes_formula(2, 4, 16, 2)
+    assert res["forward_bytes"] == 2 * formula["forward"]
+    assert res["param_shapes"]["attn.qkv.weight"] == (24, 16)
+
+
+def test_reference_shards_find_the_slice_under_a_prefix():
+    g = torch.arange(48.0 * 16).view(48, 16)
+    layout = tp.TPLayout(1, 2)
+    torch.testing.assert_close(tp.reference_shards("attn.qkv.weight", g, layout),
+                               tp.shard(g, layout, 0, groups=3))
+    torch.testing.assert_close(tp.reference_shards("mlp.fc2.bias", g[0], layout), g[0])
+
+
 def _gathered_column(rank, world_size, seed):
     torch.manual_seed(seed)
     linear = nn.Linear(6, 8)
@@ -102,7 +125,7 @@ def test_column_parallel_with_gathered_output_equals_linear(world_size):
     y = linear(x)
     (y * torch.arange(8.0)).sum().backward()
     for rank, (y_r, x_grad, w_grad, b_grad) in enumerate(
-            lu.launch(_gathered_column, 3, world_size=world_size)):
+            lu.launch(_gathered_column, 3, world_size=world_size, warn_oversubscription=False)):
         layout = tp.TPLayout(rank, world_size)
         torch.testing.assert_close(y_r, y.detach())
         torch.testing.assert_close(x_grad, x.grad)
@@ -118,33 +141,143 @@ def test_parallelize_module_equals_reference_and_our_shards():
     assert res["comm_counts"] == {"all_reduce": 2}    # one forward, one backward, as ours
 
 
-# ---- exercise checker ---------------------------------------------------------------------
+# ---- timing experiment (its shape, never its speed) ----------------------------------------
 
-def _no_gather(rank, world_size, x, w, b):
-    return x @ w.T + b
-
-
-def _gather_on_wrong_dim(rank, world_size, x, w, b):
-    y = x @ w.T + b
-    parts = [torch.empty_like(y) for _ in range(world_size)]
-    dist.all_gather(parts, y)
-    return torch.cat(parts, dim=0)
+def test_comm_summary_counts_overlapping_all_reduces_once():
+    spans = [Span(0, "forward", 0.0, 1.0), Span(0, "allreduce", 1.0, 2.0),     # fully exposed
+             Span(1, "backward", 0.0, 2.0), Span(1, "allreduce", 1.0, 3.0),    # half covered,
+             Span(1, "allreduce", 2.0, 3.0)]                                   # two in flight
+    got = lu.tp_timing.comm_summary(spans)
+    assert got[0] == {"step": 2.0, "in flight": 1.0, "exposed": 1.0}
+    assert got[1] == {"step": 3.0, "in flight": 2.0, "exposed": 0.5}
 
 
-def _bias_forgotten(rank, world_size, x, w, b):
-    return tp.column_parallel_linear(rank, world_size, x, w, torch.zeros_like(b))
-
-
-def _stub(rank, world_size, x, w, b):
-    raise NotImplementedError
+def test_comm_stats_gives_the_spread_over_steps():
+    steps = [[Span(0, "forward", 0.0, 1.0), Span(0, "allreduce", 1.0, 1.0 + d)] for d in (1, 3)]
+    got = lu.tp_timing.comm_stats(steps)[0]
+    assert (got["in flight"].min, got["in flight"].max, got["in flight"].n) == (1.0, 3.0, 2)
+    assert got["exposed"].values == (1.0, 1.0)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("answer, verdict", checker_cases(tp.column_parallel_linear, {
-    "no_gather": (_no_gather, "rank 0, shape: expected [3, 16], got [3, 8]"),
-    "gather_on_wrong_dim": (_gather_on_wrong_dim, "rank 0, shape: expected [3, 16], got [6, 8]"),
-    "bias_forgotten": (_bias_forgotten, "rank 0, element [0, 0]: expected"),
-    "stub": (_stub, "not implemented yet"),
-}, passes="2 cases passed"))
+def test_timing_returns_stats_of_each_variant_and_counts_the_all_reduces():
+    res = lu.tp_timing.run(world_size=2, hidden=32, num_heads=4, batch=4, seq=8, repeats=5,
+                           bucket_cap_mb=0.005)
+    assert set(res["stats"]) == {"1 rank", "TP", "DP"}
+    assert all(isinstance(s, Stats) and s.n == 5 for s in res["stats"].values())
+    assert res["tp_equal"] and res["dp_equal"]
+    assert res["calls"]["TP"] == (2, 2) and res["calls"]["1 rank"] == (0, 0)
+    assert res["calls"]["DP"][0] == 0 and res["calls"]["DP"][1] >= 2   # one per bucket
+    assert len(res["steps"]["TP"]) == len(res["steps"]["DP"]) == 5
+    tp_spans, dp_spans = res["spans"]["TP"], res["spans"]["DP"]
+    assert sorted(s.label for s in tp_spans if s.name == "allreduce" and s.rank == 0) == \
+        ["f", "f", "g", "g"]
+    stats = lu.tp_timing.comm_stats(res["steps"]["DP"])
+    assert set(stats) == {0, 1} and all(st["in flight"].n == 5 for st in stats.values())
+    assert {r["exposed"] for r in lu.tp_timing.comm_summary(tp_spans).values()} == {1.0}
+    assert {s.name for s in dp_spans} >= {"forward", "backward", "allreduce", "wait"}
+    for rank in (0, 1):   # the timeline's DDP buckets are the timed DDP's
+        launches = [s.start for s in dp_spans if s.name == "allreduce" and s.rank == rank]
+        back = next(s for s in dp_spans if s.name == "backward" and s.rank == rank)
+        assert len(launches) == res["calls"]["DP"][1]
+        assert back.start <= min(launches) < back.end   # launched while backward computes
+    assert res["threads"] >= 1
+
+
+def test_run_reports_equality_only_when_every_rank_agrees(monkeypatch):
+    stats = {v: Stats.of([1.0]) for v in lu.tp_timing.VARIANTS}
+    calls = {"1 rank": (0, 0), "TP": (2, 2), "DP": (0, 3)}
+    steps = [{"stats": stats, "calls": calls, "tp_equal": ok, "dp_equal": True, "threads": 1}
+             for ok in (True, False)]                 # rank 1's TP slices differ
+    monkeypatch.setattr(lu.tp_timing, "launch",
+                        lambda fn, *a, **k: steps if fn is lu.tp_timing.step_worker
+                        else [{"TP": [[]] * 3, "DP": [[]] * 3}] * 2)
+    res = lu.tp_timing.run(world_size=2, hidden=32, num_heads=4, batch=4, seq=8,
+                           timeline_steps=3)
+    assert res["tp_equal"] is False and res["dp_equal"] is True
+
+
+# ---- exercise checker ---------------------------------------------------------------------
+
+def _pair(f_forward, f_backward, g_forward, g_backward):
+    """Autograd Functions f and g built from four (tensor -> tensor) pieces."""
+    class MyF(torch.autograd.Function):
+        forward = staticmethod(lambda ctx, x: f_forward(x))
+        backward = staticmethod(lambda ctx, grad: f_backward(grad))
+
+    class MyG(torch.autograd.Function):
+        forward = staticmethod(lambda ctx, x: g_forward(x))
+        backward = staticmethod(lambda ctx, grad: g_backward(grad))
+    return MyF, MyG
+
+
+def _same(t):
+    return t.view_as(t)
+
+
+def _sum(t):
+    t = t.clone()
+    dist.all_reduce(t)
+    return t
+
+
+def _mean(t):
+    return _sum(t) / dist.get_world_size()
+
+
+def _twice(t):
+    return _sum(_sum(t))
+
+
+def _stub(t):
+    raise NotImplementedError
+
+
+def _sum_in_place(t):
+    dist.all_reduce(t)          # no clone: still right, nothing else reads what it overwrites
+    return t
+
+
+_ANSWERS = {
+    "swapped": (_pair(_sum, _same, _same, _sum), "f and g swapped"),
+    "f_backward_missing": (_pair(_same, _same, _sum, _same),
+                           "f's backward does not all-reduce the input gradient"),
+    "g_forward_missing": (_pair(_same, _sum, _same, _same),
+                          "g's forward does not all-reduce the partial outputs"),
+    "f_backward_twice": (_pair(_same, _twice, _sum, _same), "f's backward all-reduces twice"),
+    "g_forward_twice": (_pair(_same, _sum, _twice, _same), "g's forward all-reduces twice"),
+    "f_averages": (_pair(_same, _mean, _sum, _same), "f's backward averages"),
+    "g_averages": (_pair(_same, _sum, _mean, _same), "g's forward averages"),
+    "g_backward_reduces": (_pair(_same, _sum, _sum, _sum), "g's backward all-reduces"),
+    "f_forward_reduces": (_pair(_sum, _sum, _sum, _same), "f's forward all-reduces"),
+    "scaled": (_pair(_same, lambda t: 3 * _sum(t), _sum, _same), "key 'f backward': element"),
+    "stub": (_pair(_stub, _stub, _stub, _stub), "not implemented yet"),
+}
+
+
+@pytest.mark.parametrize("f, g, words", [
+    (("own", "sum"), ("sum", "own"), None),
+    (("sum", "own"), ("own", "sum"), "swapped"),
+    (("own", "own"), ("sum", "own"), "f's backward does not all-reduce"),
+    (("own", "sum"), ("mean", "own"), "g's forward averages"),
+])
+def test_diagnosis_names_the_mistake(f, g, words):
+    got = lab06b._diagnosis(f, g)
+    assert got is None if words is None else words in got
+    assert got is None or len(repr(got)) <= 60         # shown whole in the check's message
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("answer, verdict", checker_cases(
+    lab06b.f_and_g, {name: (lambda a=a: a, words) for name, (a, words) in _ANSWERS.items()},
+    passes="2 cases passed",
+    also_right={"in_place_and_returns_x": lambda: _pair(lambda t: t, _sum_in_place,
+                                                       _sum_in_place, lambda t: t)}))
 def test_checker_accepts_the_reference_and_rejects_typical_mistakes(answer, verdict):
-    assert_check(lu.check_column_parallel_linear, answer, verdict)
+    # each answer is a function returning (f, g), as the reference f_and_g is
+    assert_check(lambda pair: lu.check_f_and_g(*pair()), answer, verdict)
+
+
+def test_checker_refuses_something_that_is_not_an_autograd_function():
+    with pytest.raises(TypeError, match="two torch.autograd.Function classes"):
+        lu.check_f_and_g(lambda x: x, lambda x: x)

@@ -10,7 +10,7 @@ from labutils import train
 
 from .checkers import assert_check, checker_cases
 
-pytestmark = [pytest.mark.lab03b, pytest.mark.usefixtures("one_thread")]
+pytestmark = [pytest.mark.lab03c, pytest.mark.usefixtures("one_thread")]
 
 
 def test_global_batches_are_seeded_epochs():
@@ -121,3 +121,13 @@ def test_train_to_file_saves_the_reference_losses(tmp_path):
     reference = train.train("digits", steps=3)
     torch.testing.assert_close(torch.tensor(saved), torch.tensor(reference.losses))
     assert last == [round(saved[-1], 3)] * 2
+
+
+@pytest.mark.slow
+def test_time_ddp_step_one_rank_times_the_whole_batch_on_rank_0_only():
+    out = lu.launch(train.time_ddp_step, "digits", repeats=2, one_rank=True, world_size=2)
+    assert set(out[0]) == {"compute", "ddp", "allreduce", "one_rank", "grad_bytes"}
+    assert set(out[1]) == {"compute", "ddp", "allreduce", "grad_bytes"}
+    assert out[0]["one_rank"].n == 2 and out[0]["one_rank"].median > 0
+    # rounds pair up across ranks: every key has one value per round
+    assert {s.n for r in out for k, s in r.items() if k != "grad_bytes"} == {2}

@@ -7,7 +7,7 @@ import torch
 
 from labutils import workloads
 
-pytestmark = [pytest.mark.lab03b, pytest.mark.usefixtures("one_thread")]
+pytestmark = [pytest.mark.lab03c, pytest.mark.usefixtures("one_thread")]
 
 
 @pytest.mark.parametrize("name", workloads.NAMES)

@@ -1,22 +1,26 @@
-"""Benchmark ``zero``: bytes held per rank by each ZeRO stage against the formula."""
+"""Benchmark ``zero``: per-rank memory of each ZeRO stage against the paper's formula (06c)."""
 from labutils.bench.suite import Row
-from labutils.cost.planspec import zero_state_bytes
-from labutils.experiments.zero_training import KINDS, make_problem, run_training
+from labutils.experiments.zero_training import memory_vs_formula
 
 
 def run(quick=False):
-    """Per-rank memory of each ZeRO stage and FSDP2: measured peak vs the paper's formula."""
-    sizes = (64,) + (128,) * 6 + (8,)
-    psi = sum(p.numel() for p in make_problem(sizes)[0].parameters())
+    """Measured peak minus the activation baseline over the fp32-Adam formula, per stage, on
+    06c's model (64 layers of 256 x 256, Ψ = 4.2 M): 1.0 = the formula exactly; 06c asserts
+    within 5% on 2 ranks; at 4 the layer-sized transient can pass it (06c explains). Which
+    transients overlap at the peak varies by about a layer's weight run to run (1.039 and 1.055
+    seen for ZeRO-3 on 4 ranks); one run per world size, the worst rank."""
     rows = []
     for world_size in (2,) if quick else (2, 4):
-        for kind in KINDS:
-            res = run_training(kind, world_size, sizes=sizes, batch=16, steps=2,
-                               measure_memory=True)
-            formula = zero_state_bytes(psi, world_size, 3 if kind == "fsdp" else KINDS[kind])
-            peak = max(res["peak_bytes_per_rank"])
-            rows.append(Row("zero", f"{kind}, {world_size} ranks: measured peak / formula",
-                            peak / formula, "ratio",
-                            f"peak {peak / 2**20:.3f} MiB, model-state formula "
-                            f"{formula / 2**20:.3f} MiB, psi={psi}"))
+        mem = memory_vs_formula(world_size=world_size, width=256, depth=64, batch=8)
+        for kind, row in mem["rows"].items():
+            worst = max(range(world_size), key=lambda r: row["peak"][r] - row["baseline"][r])
+            peak, base = row["peak"][worst], row["baseline"][worst]
+            rest = (peak - base - row["formula"]) / mem["unit_bytes"]
+            rows.append(Row("zero", f"{kind}, {world_size} ranks: (peak - baseline) / formula",
+                            (peak - base) / row["formula"], "ratio",
+                            f"peak {peak / 2**20:.2f} MiB, baseline {base / 2**20:.2f} MiB, "
+                            f"formula {row['formula'] / 2**20:.2f} MiB, rest {rest:.1f} layer "
+                            f"weights; psi={mem['psi']}; "
+                            + ("target within 5%" if world_size == 2 else
+                               "no target: k layer weights are 0.39% x k x N of it")))
     return rows

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import warnings
 
 from labutils.core.env import cpu_count
@@ -126,3 +127,24 @@ def launch(fn, *args, world_size=2, backend="auto", timeout=120.0, threads_per_r
         if in_cell and job.interrupted:   # the ranks saw the interrupt before this thread did
             raise LaunchInterrupted(STOPPED) from None
         raise
+
+
+# ---- what a launch costs, apart from the work (lab 01) ----------------------------------------
+
+def _timed_call(rank, world_size, fn, *args, **kwargs):
+    """Runs in each rank: ``fn``'s own time, measured inside the rank (no process start, no
+    rendezvous), next to its result."""
+    t0 = time.perf_counter()
+    result = fn(rank, world_size, *args, **kwargs)
+    return result, time.perf_counter() - t0
+
+
+def timed_launch(fn, *args, world_size=2, **kwargs):
+    """``launch`` that separates the work from the launch: returns ``(results, seconds, wall)``,
+    where ``seconds[r]`` is how long ``fn`` ran inside rank ``r`` and ``wall`` the caller's wall
+    time of the whole launch. ``wall - max(seconds)`` is what starting the ranks, rendezvous and
+    returning the results added: a job ends with its slowest rank."""
+    t0 = time.perf_counter()
+    out = launch(_timed_call, fn, *args, world_size=world_size, **kwargs)
+    wall = time.perf_counter() - t0
+    return [r for r, _ in out], [s for _, s in out], wall

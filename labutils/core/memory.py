@@ -1,6 +1,6 @@
 """Memory of a training step: the formula, and a measured peak to check it against (on CPU).
 
-Used by ``03c_challenges`` (hardware constraints), ``05_model_parallel_principles`` (the memory
+Used by ``03e_consistency_and_hardware`` (hardware constraints), ``05_model_parallel_principles`` (the memory
 wall) and ``06c_sharding_and_memory`` (ZeRO/FSDP per-rank memory).
 
 The formula (Rajbhandari et al., "ZeRO", SC 2020, section 3): a step with ``P`` parameters keeps
@@ -15,6 +15,14 @@ The formula (Rajbhandari et al., "ZeRO", SC 2020, section 3): a step with ``P`` 
 * temporary    scratch of the op running at the peak: twice the largest weight (Adam's
   temporaries, a fresh gradient), or, walking backward, two activation gradients on top of
   the saved activations not yet freed, whichever is larger.
+
+That sum assumes every gradient stays allocated through the step (``zero_grad(set_to_none=
+False)``, what ``train_steps`` does). With ``gradients="fresh"`` (gradients set to None before
+each step, PyTorch's default) gradients and activations never all coexist: backward makes the
+gradients of a layer as it frees the activations that layer saved. The formula then walks the
+leaf modules backward (``backward_walk``) and reports each term as it stands at the peak of
+forward + backward: weights, optimizer state, the gradients made so far, the activations not
+yet freed, and the op's two activation gradients (the one it receives, the one it makes).
 
 ``measure_peak(fn)`` measures the real thing: CPU tensors have no
 ``torch.cuda.max_memory_allocated``, but the CPU allocator reports every allocation and free to
@@ -78,7 +86,7 @@ def saved_storages(model, example_input):
 
 
 def model_memory(model, optimizer="adam", dtype_bytes=4, batch=None, example_input=None,
-                 master_weights=None):
+                 master_weights=None, gradients="kept"):
     """The memory formula for one training step of ``model``; a dict of bytes.
 
     ``optimizer``: one of ``OPTIMIZER_STATES`` ("sgd", "momentum", "adam", "adamw").
@@ -87,6 +95,8 @@ def model_memory(model, optimizer="adam", dtype_bytes=4, batch=None, example_inp
     activations term is 0. ``batch``: scale the activations to this batch size (they grow
     linearly with it; the batch size of ``example_input`` is its first dimension).
     ``master_weights``: keep an fp32 copy of the weights (default: when ``dtype_bytes < 4``).
+    ``gradients``: "kept" (allocated through the step: the sum of every term) or "fresh" (set to
+    None before the step: the terms at the peak of forward + backward, ``backward_walk``).
     """
     if optimizer not in OPTIMIZER_STATES:
         raise ValueError(f"unknown optimizer {optimizer!r}; use one of "
@@ -95,9 +105,20 @@ def model_memory(model, optimizer="adam", dtype_bytes=4, batch=None, example_inp
         raise ValueError(f"dtype_bytes must be 1, 2, 4 or 8 (bytes per value); got {dtype_bytes!r}")
     if batch is not None and example_input is None:
         raise ValueError("batch= needs example_input= (a batch to count activations on)")
+    if gradients not in ("kept", "fresh"):
+        raise ValueError(f"gradients must be 'kept' or 'fresh'; got {gradients!r}")
     n = count_parameters(model)
     if master_weights is None:
         master_weights = dtype_bytes < 4
+    if gradients == "fresh":
+        if example_input is None or batch is not None or dtype_bytes != 4:
+            raise ValueError("gradients='fresh' walks a real fp32 backward: give example_input= "
+                             "(no batch=, dtype_bytes=4)")
+        out = {"parameters": n, "weights": n * dtype_bytes,
+               "optimizer": n * 4 * (OPTIMIZER_STATES[optimizer] + int(master_weights)),
+               **backward_walk(model, example_input)}
+        out["total"] = sum(out[t] for t in TERMS)
+        return out
     acts = backward_extra = 0
     if example_input is not None:
         saved = list(saved_storages(model, example_input).values())  # in forward order
@@ -124,13 +145,69 @@ def model_memory(model, optimizer="adam", dtype_bytes=4, batch=None, example_inp
     return out
 
 
+def backward_walk(model, example_input):
+    """Gradients, activations and temporary bytes at the peak of forward + backward, gradients
+    fresh; {"gradients", "activations", "temporary"}.
+
+    Each leaf module, in forward order, gets the storages first saved for backward while it runs
+    (parameters out), the gradients of its parameters, and the sizes of its output and input.
+    Backward visits the modules in reverse; at module j these are live: the gradients of modules
+    j and after, the activations saved by modules j and before, and two activation gradients
+    (d output of j, received; d input of j, made, when the input needs a gradient). The model's
+    output counts as live throughout too: the caller holds it until backward returns.
+    """
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen, rows = set(), []
+
+    def pre(module, args):
+        inp = args[0] if args and torch.is_tensor(args[0]) else None
+        grad_in = inp.nbytes if inp is not None and inp.requires_grad else 0
+        rows.append({"saved": 0, "keys": set(), "grads": sum(p.numel() * p.element_size()
+                                               for p in module.parameters(recurse=False)
+                                               if p.requires_grad),
+                     "grad_in": grad_in, "grad_out": 0})
+
+    def post(module, args, output):
+        rows[-1]["grad_out"] = output.nbytes if torch.is_tensor(output) else 0
+
+    def pack(t):
+        st = t.untyped_storage()
+        key = st.data_ptr()
+        if rows and key not in params and key not in seen and st.device.type != "meta":
+            seen.add(key)
+            rows[-1]["saved"] += st.nbytes()
+            rows[-1]["keys"].add(key)
+        return t
+
+    leaves = [m for m in model.modules() if not list(m.children())]
+    hooks = [h for m in leaves for h in (m.register_forward_pre_hook(pre),
+                                         m.register_forward_hook(post))]
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            output = model(example_input)
+    finally:
+        for h in hooks:
+            h.remove()
+    out_key = output.untyped_storage().data_ptr()
+    best = {"gradients": 0, "activations": 0, "temporary": 0}
+    for j in range(len(rows)):
+        held = any(out_key in r["keys"] for r in rows[:j + 1])   # saved: counted already
+        now = {"gradients": sum(r["grads"] for r in rows[j:]),
+               "activations": sum(r["saved"] for r in rows[:j + 1]) + (0 if held else output.nbytes),
+               "temporary": rows[j]["grad_out"] + rows[j]["grad_in"]}
+        if sum(now.values()) > sum(best.values()):
+            best = now
+    return best
+
+
 def measure_peak(fn, *args, **kwargs):
     """Run ``fn(*args, **kwargs)``; return ``(result, peak_bytes)``.
 
     ``peak_bytes`` is the largest amount of CPU tensor memory live at any moment of the call,
     above what was live when it began (tensors created before the call and freed inside it
     count negative). Read from the allocator's own reports to the profiler, so it is exact for
-    this call (scratch buffers can differ between CPUs and thread counts: see the module notes). The profiler slows the call down (fine for small models).
+    this call (scratch buffers can differ between CPUs and thread counts: see the module notes).
+    The profiler slows the call down (fine for small models).
     """
     os.environ.setdefault("KINETO_LOG_LEVEL", "99")  # keep kineto's start/stop lines quiet
     # torch.autograd.profiler directly: torch.profiler.profile would import torch._inductor

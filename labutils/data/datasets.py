@@ -6,7 +6,7 @@
 
 Every function returns plain tensors ``(X, y)`` (or token ids) and is cached, so calling it in
 every rank is cheap. Used by ``labutils.data.workloads`` and the notebooks 02_pytorch_essentials,
-03b_scenarios and the DDP / parallelism labs through ``labutils.data.workloads``.
+03c_scenarios and the DDP / parallelism labs through ``labutils.data.workloads``.
 """
 from __future__ import annotations
 

@@ -3,9 +3,9 @@
 * ``DigitsCNN``: two 3x3 convolutions and two linear layers for 8x8 digits (~38 k parameters);
 * ``CharGPT``: a tiny decoder-only transformer (GPT) over characters (~114 k parameters);
 * ``ClipCNN3d``: two 3-D convolutions over (time, height, width) for moving-digit clips
-  (~6 k parameters but the most arithmetic per parameter: the ratio 03b_scenarios measures).
+  (~6 k parameters but the most arithmetic per parameter: the ratio 03c_scenarios measures).
 
-Used through ``labutils.data.workloads`` by 02_pytorch_essentials, 03b_scenarios and the DDP,
+Used through ``labutils.data.workloads`` by 02_pytorch_essentials, 03c_scenarios and the DDP,
 pipeline and tensor-parallel labs (``CharGPT`` has the attention/MLP blocks those labs split).
 """
 from __future__ import annotations
@@ -116,7 +116,7 @@ class ClipCNN3d(nn.Module):
 
 
 def mlp(sizes=(64, 256, 256, 10), seed=None):
-    """A plain MLP, ``nn.Sequential`` of Linear layers with ReLU between them (03c's memory
+    """A plain MLP, ``nn.Sequential`` of Linear layers with ReLU between them (03e's memory
     model, 04c's emulated-DDP model, 06c's ZeRO model). ``seed``: the same weights everywhere."""
     if seed is not None:
         torch.manual_seed(seed)

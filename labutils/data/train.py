@@ -9,8 +9,8 @@ mean loss by ``shard_weight`` so that DDP's gradient *average* over ranks equals
 the mean loss over the whole global batch, even when the batch does not divide evenly. Hence
 N ranks reproduce one process on the concatenated batch (tests/test_train.py asserts it).
 
-``time_ddp_step`` splits a DDP step into compute and communication (lab 03b_scenarios).
-Used by 02_pytorch_essentials, 03b_scenarios and the DDP labs (04a-04c).
+``time_ddp_step`` splits a DDP step into compute and communication (lab 03c_scenarios).
+Used by 02_pytorch_essentials, 03c_scenarios and the DDP labs (04a-04c).
 """
 from __future__ import annotations
 
@@ -175,9 +175,10 @@ def validate_train_args(workload, steps=100, batch_size=None, world_size=1):
     _check_args(workload, steps, batch_size, world_size)
 
 
-# ---- compute vs communication (03b_scenarios) ------------------------------------------------
+# ---- compute vs communication (03c_scenarios) ------------------------------------------------
 
-def time_ddp_step(rank, world_size, workload="digits", batch_size=None, repeats=10, seed=0):
+def time_ddp_step(rank, world_size, workload="digits", batch_size=None, repeats=10, seed=0,
+                  one_rank=False):
     """Median seconds of one training step on this rank, split three ways, measured interleaved:
 
     * ``compute``: forward, backward and update of the local shard under ``no_sync()`` (no
@@ -185,7 +186,13 @@ def time_ddp_step(rank, world_size, workload="digits", batch_size=None, repeats=
     * ``ddp``: the same step with DDP's gradient all-reduce (overlapped with backward);
     * ``allreduce``: all-reducing one gradient-sized buffer alone (the communication).
 
+    With ``one_rank=True``, rank 0 also times, in the same rounds, ``one_rank``: a plain model's
+    step on the *whole* global batch while the other ranks wait at a barrier: the single-process
+    baseline, on the same cores and threads, interleaved with the DDP step it is compared with
+    (only rank 0's dict has it).
+
     Returns a dict of ``Stats`` plus the gradient size in bytes. ``batch_size`` is global.
+    Sample i of every ``Stats.values`` is one round, so ranks can be paired round by round.
     """
     from torch.nn.parallel import DistributedDataParallel as DDP
     wl, batch_size = _check_args(workload, 1, batch_size, world_size)
@@ -208,15 +215,30 @@ def time_ddp_step(rank, world_size, workload="digits", batch_size=None, repeats=
     def allreduce():
         dist.all_reduce(flat)
 
-    times = {"compute": [], "ddp": [], "allreduce": []}
+    fns = [("compute", compute), ("ddp", step), ("allreduce", allreduce)]
+    if one_rank:
+        single = wl.make_model(seed)
+        single_opt = wl.make_optimizer(single.parameters())
+        xs, ys = X[idx], y[idx]
+
+        def whole_batch():  # the other ranks are already waiting at the next barrier
+            if rank == 0:
+                single_opt.zero_grad(set_to_none=True)
+                wl.loss_fn(single(xs), ys).backward()
+                single_opt.step()
+
+        fns.append(("one_rank", whole_batch))
+    times = {name: [] for name, _ in fns}
     for i in range(repeats + 1):  # the first round is warm-up
         progress(i, repeats, "repeats")  # rank 0 drives a panel's bar
-        for name, fn in (("compute", compute), ("ddp", step), ("allreduce", allreduce)):
+        for name, fn in fns:
             dist.barrier()  # start together, so no rank's time includes waiting for another
             t0 = time.perf_counter()
             fn()
             if i:
                 times[name].append(time.perf_counter() - t0)
+    if one_rank and rank != 0:
+        del times["one_rank"]
     result = {name: Stats.of(v) for name, v in times.items()}
     result["grad_bytes"] = flat.numel() * flat.element_size()
     return result

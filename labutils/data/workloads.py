@@ -19,7 +19,7 @@ video      moving-digit clips, 4 motions ``ClipCNN3d``        accuracy (higher i
 
 Inside ranks pass the *name* and call ``get(name)`` there (it is cached per process), rather
 than sending a Workload, which carries its data, to every rank. Used by 02_pytorch_essentials,
-03b_scenarios and the DDP and parallelism labs.
+03c_scenarios and the DDP and parallelism labs.
 """
 from __future__ import annotations
 

@@ -1,43 +1,83 @@
-"""Exercise checkers of lab 03b: shard a global batch. Registered in ``labutils.course``; notebooks call
-them as ``lu.check_<name>``."""
+"""Exercise checker of lab 03b: one update of asynchronous SGD with a stale gradient.
+Registered in ``labutils.course``; notebooks call it as ``lu.check_stale_update``."""
 import torch
-import torch.distributed as dist
 
-from labutils.data.train import shard_batch  # noqa: F401 (the reference)
-from labutils.exercises.base import make_cases, run_check
+from labutils.exercises.base import run_check
 
 
-def _shard_batch_harness(rank, world_size, learner_fn, seed, n):
-    torch.manual_seed(seed)
-    model = torch.nn.Linear(3, 2)
+def stale_update(history, grad_fn, lr, staleness):
+    """Reference: the weights after the next update of a parameter server whose gradient was
+    taken ``staleness`` updates ago. ``history`` is [w_0, ..., w_t]; the gradient is taken at
+    w_(t - staleness) (at w_0 while fewer updates exist) and applied to the newest weights."""
+    t = len(history) - 1
+    return history[-1] - lr * grad_fn(history[max(0, t - staleness)])
+
+
+def _problem(seed, t, dim=5):
+    """Weights of versions 0..t and a quadratic loss's gradient, all from ``seed``."""
     g = torch.Generator().manual_seed(seed)
-    X, y = torch.randn(n, 3, generator=g), torch.randn(n, 2, generator=g)
-    torch.nn.functional.mse_loss(model(X), y).backward()
-    expected_grads = {k: p.grad.clone() for k, p in model.named_parameters()}
-    model.zero_grad()
-    # Which samples did each rank take? Shard the sample numbers themselves.
-    mine, _ = learner_fn(torch.arange(n), rank, world_size)
-    everyone = [None] * world_size
-    dist.all_gather_object(everyone, [int(i) for i in mine])
-    taken = [i for ids in everyone for i in ids]
-    missing = [i for i in range(n) if i not in taken]
-    twice = sorted({i for i in taken if taken.count(i) > 1})
-    coverage = ("each sample on exactly one rank" if not missing and not twice else
-                f"sample {missing[0]} on no rank" if missing else f"sample {twice[0]} on two ranks")
-    (xs, weight), (ys, _) = learner_fn(X, rank, world_size), learner_fn(y, rank, world_size)
-    (torch.nn.functional.mse_loss(model(xs), ys) * weight).backward()
-    for p in model.parameters():  # what DDP does: average the gradients over the ranks
-        dist.all_reduce(p.grad)
-        p.grad /= world_size
-    got_grads = {k: p.grad.clone() for k, p in model.named_parameters()}
-    return ({"samples": "each sample on exactly one rank", "gradient": expected_grads},
-            {"samples": coverage, "gradient": got_grads})
+    history = [torch.randn(dim, generator=g, dtype=torch.float64) for _ in range(t + 1)]
+    A = torch.randn(dim, dim, generator=g, dtype=torch.float64)
+    A, b = A @ A.T + torch.eye(dim, dtype=torch.float64), torch.randn(dim, generator=g,
+                                                                      dtype=torch.float64)
+    return history, (lambda w: A @ w - b)
 
 
-def check_shard_batch(learner_fn, *, timeout=60.0):
-    """Check ``learner_fn(batch, rank, world_size) -> (local_batch, loss_weight)``: every sample
-    on exactly one rank, and the ranks' averaged gradient of ``weight * mean loss`` equal to the
-    single-process gradient on the whole batch (global sizes that do and do not divide)."""
-    cases = [{"world_size": 2, "seed": 1, "n": 7}, {"world_size": 3, "seed": 2, "n": 10},
-             *make_cases(world_sizes=(2, 3), per_world_size=1, seed=3, n=[6, 9, 11])]
-    return run_check("shard_batch", learner_fn, _shard_batch_harness, cases, timeout=timeout)
+def _stale_update_harness(rank, world_size, learner_fn, seed, t, staleness, lr):
+    history, grad_fn = _problem(seed, t)
+    expected = stale_update(history, grad_fn, lr, staleness)
+    got = learner_fn([w.clone() for w in history], grad_fn, lr, staleness)
+    return expected, got
+
+
+# Typical mistakes, each with what it means; the check names the one an answer matches.
+_MISTAKES = {
+    "the gradient is taken at the newest weights: that is synchronous SGD, staleness 0":
+        lambda h, f, lr, s: h[-1] - lr * f(h[-1]),
+    "the stale gradient is applied to the stale weights; the server applies it to its newest "
+    "weights, the ones other workers have updated since":
+        lambda h, f, lr, s: h[max(0, len(h) - 1 - s)] - lr * f(h[max(0, len(h) - 1 - s)]),
+    "off by one: history[-staleness] is w_(t - staleness + 1); the weights staleness updates "
+    "before the newest are history[-1 - staleness]":
+        lambda h, f, lr, s: h[-1] - lr * f(h[max(0, len(h) - s)] if s else h[-1]),
+    "while fewer than staleness updates exist a negative index wraps around to recent "
+    "weights; the gradient must come from w_0 then":
+        lambda h, f, lr, s: h[-1] - lr * f(h[len(h) - 1 - s]),
+}
+
+
+def _matches(learner_fn, mistake, case):
+    """True or False: the answer equals the mistake on this case; None: the answer raised."""
+    history, grad_fn = _problem(case["seed"], case["t"])
+    args = (case["lr"], case["staleness"])
+    try:
+        got = learner_fn([w.clone() for w in history], grad_fn, *args)
+    except Exception:   # e.g. an IndexError on a short history: judged on the other cases
+        return None
+    wrong = mistake(history, grad_fn, *args)
+    return isinstance(got, torch.Tensor) and got.shape == wrong.shape and torch.allclose(got, wrong)
+
+
+def _diagnose(learner_fn, cases):
+    """The mistake the answer makes on every case it answers (run here, in one process: the
+    function is pure)."""
+    for meaning, mistake in _MISTAKES.items():
+        verdicts = [_matches(learner_fn, mistake, case) for case in cases]
+        if True in verdicts and False not in verdicts:
+            return meaning
+    return None
+
+
+def check_stale_update(learner_fn, *, timeout=20.0):
+    """Check ``learner_fn(history, grad_fn, lr, staleness)`` -> the next weights, for
+    staleness 0 to 4, histories shorter and longer than the staleness."""
+    cases = [dict(world_size=1, seed=s, t=t, staleness=k, lr=0.1)
+             for s, (t, k) in enumerate([(4, 0), (5, 1), (6, 3), (7, 2), (2, 4), (0, 1)], 11)]
+    result = run_check("stale_update", learner_fn, _stale_update_harness, cases,
+                       timeout=timeout)
+    if result.passed or result.case is None or "[wrong]" not in result.message:
+        return result
+    meaning = _diagnose(learner_fn, cases)
+    if meaning is None:
+        return result
+    return type(result)(False, f"{result.message}; {meaning}", result.case)

@@ -1,28 +1,43 @@
-"""Exercise checkers of lab 03c: the statistics of the global batch (SyncBatchNorm). Registered in ``labutils.course``; notebooks call
+"""Exercise checkers of lab 03c: shard a global batch. Registered in ``labutils.course``; notebooks call
 them as ``lu.check_<name>``."""
 import torch
+import torch.distributed as dist
 
+from labutils.data.train import shard_batch  # noqa: F401 (the reference)
 from labutils.exercises.base import make_cases, run_check
-from labutils.parallel.sync_batchnorm import sync_batch_stats  # noqa: F401 (the reference)
 
 
-def _rank_batch(seed, rank, channels):
-    g = torch.Generator().manual_seed(seed * 100 + rank)
-    n = 2 + (seed + 3 * rank) % 5                       # ranks hold different batch sizes
-    return torch.randn(n, channels, generator=g) * (1 + rank) + rank  # and different statistics
+def _shard_batch_harness(rank, world_size, learner_fn, seed, n):
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(3, 2)
+    g = torch.Generator().manual_seed(seed)
+    X, y = torch.randn(n, 3, generator=g), torch.randn(n, 2, generator=g)
+    torch.nn.functional.mse_loss(model(X), y).backward()
+    expected_grads = {k: p.grad.clone() for k, p in model.named_parameters()}
+    model.zero_grad()
+    # Which samples did each rank take? Shard the sample numbers themselves.
+    mine, _ = learner_fn(torch.arange(n), rank, world_size)
+    everyone = [None] * world_size
+    dist.all_gather_object(everyone, [int(i) for i in mine])
+    taken = [i for ids in everyone for i in ids]
+    missing = [i for i in range(n) if i not in taken]
+    twice = sorted({i for i in taken if taken.count(i) > 1})
+    coverage = ("each sample on exactly one rank" if not missing and not twice else
+                f"sample {missing[0]} on no rank" if missing else f"sample {twice[0]} on two ranks")
+    (xs, weight), (ys, _) = learner_fn(X, rank, world_size), learner_fn(y, rank, world_size)
+    (torch.nn.functional.mse_loss(model(xs), ys) * weight).backward()
+    for p in model.parameters():  # what DDP does: average the gradients over the ranks
+        dist.all_reduce(p.grad)
+        p.grad /= world_size
+    got_grads = {k: p.grad.clone() for k, p in model.named_parameters()}
+    return ({"samples": "each sample on exactly one rank", "gradient": expected_grads},
+            {"samples": coverage, "gradient": got_grads})
 
 
-def _sync_batch_stats_harness(rank, world_size, learner_fn, seed, channels):
-    whole = torch.cat([_rank_batch(seed, r, channels) for r in range(world_size)])
-    expected = (whole.mean(0), whole.var(0, unbiased=False))
-    got = learner_fn(_rank_batch(seed, rank, channels))
-    got = tuple(got[:2]) if isinstance(got, (tuple, list)) else got
-    return expected, got
-
-
-def check_sync_batch_stats(learner_fn, *, timeout=20.0):
-    """Check ``learner_fn(x) -> (mean, var)``: per-channel mean and biased variance of the
-    batch made of every rank's ``x`` (ranks hold batches of different sizes)."""
-    cases = make_cases(world_sizes=(2, 3, 4), per_world_size=1, seed=5, channels=[1, 3, 4])
-    return run_check("sync_batch_stats", learner_fn, _sync_batch_stats_harness, cases,
-                     timeout=timeout, atol=1e-5, rtol=1e-4)
+def check_shard_batch(learner_fn, *, timeout=60.0):
+    """Check ``learner_fn(batch, rank, world_size) -> (local_batch, loss_weight)``: every sample
+    on exactly one rank, and the ranks' averaged gradient of ``weight * mean loss`` equal to the
+    single-process gradient on the whole batch (global sizes that do and do not divide)."""
+    cases = [{"world_size": 2, "seed": 1, "n": 7}, {"world_size": 3, "seed": 2, "n": 10},
+             *make_cases(world_sizes=(2, 3), per_world_size=1, seed=3, n=[6, 9, 11])]
+    return run_check("shard_batch", learner_fn, _shard_batch_harness, cases, timeout=timeout)

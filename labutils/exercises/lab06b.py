@@ -1,29 +1,137 @@
-"""Exercise checkers of lab 06b: a column-parallel linear layer. Registered in ``labutils.course``; notebooks call
-them as ``lu.check_<name>``."""
+"""Exercise checkers of lab 06b: Megatron's f and g operators as autograd Functions. Registered
+in ``labutils.course``; notebooks call them as ``lu.check_<name>``."""
 import torch
-from torch import nn
+import torch.distributed as dist
+import torch.nn.functional as F
 
 from labutils.exercises.base import make_cases, run_check
-from labutils.parallel.tensor_parallel import TPLayout, column_parallel_linear, shard  # noqa: F401 (the reference, for show_solution)
+from labutils.parallel.tensor_parallel import MLP, TPLayout, shard
+
+# ---- the reference (lu.show_solution("f_and_g")) -----------------------------------------
+
+def f_and_g():
+    """Megatron's f and g (arXiv:1909.08053, figure 3) on the default process group."""
+
+    class F(torch.autograd.Function):
+        """Before a column-parallel layer: identity forward, all-reduce (sum) backward."""
+
+        @staticmethod
+        def forward(ctx, x):
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, grad):
+            grad = grad.clone()          # all_reduce works in place: keep autograd's tensor
+            dist.all_reduce(grad)        # each rank holds the part from its slice of W
+            return grad
+
+    class G(torch.autograd.Function):
+        """After a row-parallel layer: all-reduce (sum) forward, identity backward."""
+
+        @staticmethod
+        def forward(ctx, x):
+            x = x.clone()
+            dist.all_reduce(x)           # the partial outputs add up to the layer's output
+            return x
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad                  # d(sum)/d(each term) = 1
+
+    return F, G
 
 
-def _column_parallel_harness(rank, world_size, learner_fn, seed, batch, in_features,
-                             out_features):
+# ---- the check --------------------------------------------------------------------------
+
+def _per_rank(seed, rank, shape):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed * 100 + rank))
+
+
+def _probe(op, x, upstream):
+    """``op.apply(x)`` and the gradient that reaches ``x`` from ``upstream``."""
+    x = x.clone().requires_grad_()
+    y = op.apply(x)
+    y.backward(upstream.clone())       # a clone: an in-place all-reduce must not change ours
+    return y.detach(), x.grad
+
+
+def _which(got, own, total, world_size):
+    """Name what ``got`` is: this rank's own tensor, the sum over ranks, their mean, or the sum
+    summed again over ranks (all-reduced twice); "other" for anything else."""
+    for name, value in (("own", own), ("sum", total), ("mean", total / world_size),
+                        ("twice", total * world_size)):
+        if got is not None and got.shape == value.shape and torch.allclose(got, value,
+                                                                            atol=1e-5):
+            return name
+    return "other"
+
+
+def _diagnosis(f, g):
+    """(f forward, f backward), (g forward, g backward) as ``_which`` names them -> what is
+    wrong, in words short enough for a check's message, or None."""
+    if f[0] in ("sum", "twice") and g[0] == "own":
+        return "f and g swapped: f sums in backward, g in forward"
+    messages = {
+        ("g", 0, "own"): "g's forward does not all-reduce the partial outputs",
+        ("g", 0, "mean"): "g's forward averages; the partial outputs must be summed",
+        ("g", 0, "twice"): "g's forward all-reduces twice; once is the sum",
+        ("g", 1, "sum"): "g's backward all-reduces; it must be the identity",
+        ("g", 1, "twice"): "g's backward all-reduces; it must be the identity",
+        ("f", 0, "sum"): "f's forward all-reduces; it must be the identity",
+        ("f", 0, "twice"): "f's forward all-reduces; it must be the identity",
+        ("f", 1, "own"): "f's backward does not all-reduce the input gradient",
+        ("f", 1, "mean"): "f's backward averages; the gradient parts must be summed",
+        ("f", 1, "twice"): "f's backward all-reduces twice; once is the sum",
+    }
+    for key in (("g", 0, g[0]), ("g", 1, g[1]), ("f", 0, f[0]), ("f", 1, f[1])):
+        if key in messages:
+            return messages[key]
+    return None
+
+
+def _f_and_g_harness(rank, world_size, learner_fn, seed, rows, hidden):
+    f_op, g_op = learner_fn()
+    shape, p = (rows, hidden), world_size
+    parts = [_per_rank(seed, r, shape) for r in range(p)]   # differ per rank
+    same = _per_rank(seed, 99, shape)                        # equal on every rank
+    total = sum(parts)
+    # f: a replicated input forward, per-rank gradient parts backward; g: the reverse
+    f_fwd, f_bwd = _probe(f_op, same, parts[rank])
+    g_fwd, g_bwd = _probe(g_op, parts[rank], same)
+    f_seen = (_which(f_fwd, same, same * p, p), _which(f_bwd, parts[rank], total, p))
+    g_seen = (_which(g_fwd, parts[rank], total, p), _which(g_bwd, same, same * p, p))
+    problem = _diagnosis(f_seen, g_seen)
+    if problem is not None:
+        return {"f and g": "right"}, {"f and g": problem}
+    if "other" in f_seen + g_seen:          # none of the usual mistakes: the first difference
+        return ({"f forward": same, "f backward": total, "g forward": total, "g backward": same},
+                {"f forward": f_fwd, "f backward": f_bwd, "g forward": g_fwd, "g backward": g_bwd})
+    # both look right: use them in a parallel MLP, compare with one process
     torch.manual_seed(seed)
-    x = torch.randn(batch, in_features)
-    linear = nn.Linear(in_features, out_features)
+    mlp, x, dy = MLP(hidden), torch.randn(rows, hidden), torch.randn(rows, hidden)
+    x_ref = x.clone().requires_grad_()
+    (mlp(x_ref) * dy).sum().backward()
     layout = TPLayout(rank, world_size)
-    with torch.no_grad():
-        expected = linear(x)
-        got = learner_fn(rank, world_size, x.clone(), shard(linear.weight, layout, 0),
-                         shard(linear.bias, layout, 0))
-    return expected, got
+    w1, b1 = (shard(t, layout, 0).requires_grad_() for t in (mlp.fc1.weight, mlp.fc1.bias))
+    w2 = shard(mlp.fc2.weight, layout, 1).requires_grad_()
+    x_par = x.clone().requires_grad_()
+    y = g_op.apply(F.linear(F.gelu(F.linear(f_op.apply(x_par), w1, b1)), w2)) + mlp.fc2.bias
+    (y * dy).sum().backward()
+    expected = {"MLP output": mlp(x).detach(), "MLP input grad": x_ref.grad,
+                "fc1.weight grad": shard(mlp.fc1.weight.grad, layout, 0),
+                "fc2.weight grad": shard(mlp.fc2.weight.grad, layout, 1)}
+    return expected, {"MLP output": y.detach(), "MLP input grad": x_par.grad,
+                      "fc1.weight grad": w1.grad, "fc2.weight grad": w2.grad}
 
 
-def check_column_parallel_linear(learner_fn, *, timeout=90.0):
-    """Check ``learner_fn(rank, world_size, x, weight_shard, bias_shard)``: from this rank's
-    rows of W and b, it returns the full output ``x W^T + b`` on every rank."""
-    cases = make_cases(world_sizes=(2, 4), per_world_size=1, seed=6, batch=[3, 5],
-                       in_features=[4, 6], out_features=[8, 16])
-    return run_check("column_parallel_linear", learner_fn, _column_parallel_harness, cases,
-                     timeout=timeout)
+def check_f_and_g(f, g, *, timeout=30.0):
+    """Check two ``torch.autograd.Function`` classes used as ``f.apply(x)`` and ``g.apply(x)``
+    on the default group: f is the identity forward and all-reduces (sums) the gradient
+    backward; g all-reduces (sums) forward and is the identity backward. Each is probed alone
+    on 2 real ranks, then both are used in a tensor-parallel MLP against one process."""
+    for name, op in (("f", f), ("g", g)):
+        if not (isinstance(op, type) and issubclass(op, torch.autograd.Function)):
+            raise TypeError(f"check_f_and_g needs two torch.autograd.Function classes, "
+                            f"lu.check_f_and_g(MyF, MyG); {name} is {op!r}")
+    cases = make_cases(world_sizes=(2,), per_world_size=2, seed=6, rows=[3, 5], hidden=[4, 8])
+    return run_check("f_and_g", lambda: (f, g), _f_and_g_harness, cases, timeout=timeout)

@@ -10,8 +10,9 @@ from labutils.parallel.sharding import padded, zero1_step  # noqa: F401 (the ref
 def _zero1_harness(rank, world_size, learner_fn, seed, numel, steps=2):
     torch.manual_seed(seed)
     n = padded(numel, world_size)
-    start = torch.randn(n)
-    grads = [[torch.randn(n) for _ in range(world_size)] for _ in range(steps)]
+    pad = lambda t: torch.cat([t, torch.zeros(n - numel)])  # noqa: E731 (zeros, as flat_padded)
+    start = pad(torch.randn(numel))
+    grads = [[pad(torch.randn(numel)) for _ in range(world_size)] for _ in range(steps)]
     full = nn.Parameter(start.clone())  # reference: one process, mean gradient, full state
     full_opt = torch.optim.SGD([full], lr=0.1, momentum=0.9)
     for step in range(steps):
@@ -28,6 +29,6 @@ def _zero1_harness(rank, world_size, learner_fn, seed, numel, steps=2):
 def check_zero1_step(learner_fn, *, timeout=90.0):
     """Check ``learner_fn(rank, world_size, flat, grad, shard, optimizer)`` over two steps of
     SGD with momentum: every rank's ``flat`` equals single-process training on the mean
-    gradient."""
-    cases = make_cases(world_sizes=(2, 4), per_world_size=1, seed=7, numel=[8, 12, 20])
+    gradient. No numel divides by the world size: ``flat`` ends in zero padding."""
+    cases = make_cases(world_sizes=(2, 4), per_world_size=1, seed=7, numel=[9, 13, 21])
     return run_check("zero1_step", learner_fn, _zero1_harness, cases, timeout=timeout)

@@ -1,9 +1,9 @@
 """Communication overhead of gradient synchronisation: many small all-reduces vs one flat
 buffer vs buckets, and compression to fp16/bf16.
 
-Used by ``03c_challenges``. Each function sums a list of gradient tensors over the ranks, in
-place, exactly like one ``dist.all_reduce`` per tensor; they differ only in how many calls
-they make (gloo pays a fixed latency per call) and how many bytes they send.
+Used by ``03d_communication_challenges``. Each function sums a list of gradient tensors over
+the ranks, in place, exactly like one ``dist.all_reduce`` per tensor; they differ only in how
+many calls they make (gloo pays a fixed latency per call) and how many bytes they send.
 
 ``make_buckets`` is not DDP's bucketer: it fills buckets to *at least* ``bucket_bytes`` in
 registration order (here every tensor is ready at once, so only the count of calls matters),
@@ -18,6 +18,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from labutils.core.commcount import count_collectives
 from labutils.core.launcher import launch
 from labutils.core.rank import progress
 from labutils.core.timing import Stats, slowest_rank
@@ -84,17 +85,22 @@ def _variants(bucket_sizes):
 
 def time_sync_worker(rank, world_size, shapes, bucket_sizes, repeats=7, warmup=2):
     """Time every variant on zero tensors of ``shapes``, interleaved; slowest rank's times.
-    Returns {label: (seconds list, calls, bytes sent per rank in all-reduce input)}."""
+    Returns {label: (seconds list, all-reduce calls counted as issued, bytes sent per rank in
+    all-reduce input)}."""
     tensors = [torch.zeros(s) for s in shapes]
     variants = _variants(bucket_sizes)
     times = {k: [] for k in variants}
     calls = {}
+    for label, fn in variants.items():  # an untimed pass that counts the calls each one issues
+        with count_collectives() as counted:
+            fn(tensors)
+        calls[label] = counted.all_reduces
     for i in range(warmup + repeats):
         progress(i + 1, warmup + repeats, "repeats")  # rank 0 drives a panel's bar
         for label, fn in variants.items():
             dist.barrier()
             t0 = time.perf_counter()
-            calls[label] = fn(tensors)
+            fn(tensors)
             if i >= warmup:
                 times[label].append(time.perf_counter() - t0)
     numel = sum(t.numel() for t in tensors)

@@ -1,54 +1,233 @@
-"""The pipeline bubble measured (06a): timed runs of a schedule with known layer times, the
-idle share of each rank, and a sweep over the number of micro-batches."""
+"""The pipeline bubble (06a), counted and measured.
+
+Counted: ``ideal_timeline`` plays each rank's ordered operations (ours, or PyTorch's own
+``pipeline_order``) on an ideal machine, where each takes its nominal time and messages are free.
+Measured: timed steps of a schedule whose stages' compute is emulated (``emulated_stages.Delay``:
+each stage sleeps a set time), the idle share of the ranks, and the gap before each operation
+(message, wake-up, Python) read from the same timelines, which says why the two differ.
+
+Every measurement repeats each configuration in rounds (A B C A B C ...) inside one launch, so
+the noise of a shared machine hits all alike, and reports the median with min and max
+(``lu.timing.Stats``). The first round warms up (first messages, first calls) and is not kept.
+"""
 from __future__ import annotations
 
+from functools import partial
+from statistics import mean, median
+
 import torch
+import torch.distributed as dist
 
-from labutils.core.timeline import bubble_fraction, flatten
+from labutils.core.launcher import launch
+from labutils.core.rank import progress
+from labutils.core.timeline import Timeline, bubble_fraction, flatten
+from labutils.core.timing import Stats
 from labutils.cost.step_time import bubble_fraction as predicted_bubble
-from labutils.parallel.pipeline import make_pipeline_mlp, run_pipeline
+from labutils.cost.step_time import pipeline_step
+from labutils.parallel.emulated_stages import recording
+from labutils.parallel.model_parallel import StageLayout, boundary_shapes, split_model
+from labutils.parallel.pipeline import (
+    SCHEDULES,
+    make_pipeline_mlp,
+    run_pipeline,
+    run_schedule,
+    validate_config,
+)
 
 
-def measured_bubble(results):
-    """Idle share of the last step's timeline over all ranks (``lu.timeline.bubble_fraction``)."""
-    return bubble_fraction(flatten([r["spans"] for r in results]))
+def measured_bubble(results, key="spans"):
+    """Idle share of one step over all ranks (``lu.timeline.bubble_fraction``) of the ops
+    (``spans``), or of the emulated work alone (``work_spans``), the one measure that sees
+    inside PyTorch's executor as well as ours."""
+    return bubble_fraction(flatten([r[key] for r in results]))
 
 
-def makespan(results):
-    spans = flatten([r["spans"] for r in results])
+def makespan(results, key="spans"):
+    spans = flatten([r[key] for r in results])
     return max(s.end for s in spans) - min(s.start for s in spans)
+
+
+def emulated_model(n_stages, stage_forward_ms, microbatch_size, layers_per_stage=1,
+                   weight_grad=False):
+    """A model_fn whose every stage (of ``n_stages``) sleeps ``stage_forward_ms`` per
+    micro-batch of ``microbatch_size`` forward and twice that backward."""
+    n_layers = n_stages * layers_per_stage
+    ms = stage_forward_ms / (microbatch_size * layers_per_stage)
+    return partial(make_pipeline_mlp, n_layers, 16, 8, 4, [ms] * n_layers, 0, weight_grad)
+
+
+def _batch(n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 8, generator=g), torch.randn(n, 4, generator=g)
 
 
 def timed_pipeline(world_size=4, n_microbatches=4, schedule="1f1b", batch_size=32,
                    ms_per_sample=0.25, layer_ms=None, sizes=None, n_layers=8, steps=2):
     """A pipeline whose layers sleep ``ms_per_sample`` per sample (forward; 2x backward).
 
-    Equal deliberate work per layer makes a balanced pipeline whose bubble the formula should
-    predict. Returns the per-rank results (their ``spans`` are the last step's timeline).
+    Returns the per-rank results of ``run_pipeline`` (``spans``, ``work_spans``: last step).
     """
-    from functools import partial
     layer_ms = layer_ms if layer_ms is not None else [ms_per_sample] * n_layers
     model_fn = partial(make_pipeline_mlp, len(layer_ms), 16, 8, 4, layer_ms)
-    g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(batch_size, 8, generator=g), torch.randn(batch_size, 4, generator=g)
+    x, y = _batch(batch_size)
     return run_pipeline(model_fn, x, y, world_size=world_size, schedule=schedule,
                         n_microbatches=n_microbatches, sizes=sizes, steps=steps)
 
 
-def microbatch_sweep(world_size=4, microbatches=(1, 2, 4, 8), schedule="1f1b", batch_size=32,
-                     ms_per_sample=0.25, n_layers=8):
-    """Measured vs predicted bubble and throughput for each number of micro-batches m.
+def _rounds_worker(rank, world_size, model_fn, x, y, variants, microbatch_size, repeats):
+    """Run every (schedule, m, sizes) of ``variants`` once per round; keep the timelines."""
+    layout = StageLayout(rank, world_size)
+    model = model_fn()
+    stages = {sizes: split_model(model, world_size, sizes) for _, _, sizes in variants}
+    shapes = {sizes: boundary_shapes(st, x[:microbatch_size])[rank] for sizes, st in stages.items()}
+    kept = {v: [] for v in variants}
+    for r in range(repeats + 1):
+        for schedule, m, sizes in variants:
+            fn, stage = SCHEDULES[schedule], stages[sizes][rank]
+            prev = fn(rank - 1, world_size, m) if rank else None
+            x_mbs = x[:microbatch_size * m].chunk(m)
+            y_mbs = y[:microbatch_size * m].chunk(m)
+            tl = Timeline(rank)
+            dist.barrier()                       # every rank starts the step together
+            with recording(Timeline(rank)) as work:
+                run_schedule(fn(rank, world_size, m), stage, layout, x_mbs, y_mbs,
+                             shapes[sizes], tl, prev)
+            stage.zero_grad(set_to_none=True)
+            if r:                                # round 0 warms up
+                kept[(schedule, m, sizes)].append({"spans": tl.spans, "work_spans": work.spans})
+        progress(r + 1, repeats + 1, "rounds")
+    return kept
 
-    The ideal step time of a balanced pipeline is (m + p - 1) slots of one micro-batch's
-    forward + backward on one stage: 3 * ms_per_sample * layers per stage * batch / m.
-    """
+
+def measure_rounds(model_fn, world_size, variants, microbatch_size=4, repeats=5, timeout=300.0):
+    """Time every variant ``(schedule, m, sizes)`` (sizes: layers per stage, or None) of one
+    model in ``repeats`` interleaved rounds, in one launch. Returns {variant: [per-rank results
+    of each round]}, each result a dict of ``spans`` (ops) and ``work_spans`` (emulated work)."""
+    variants = [(s, m, None if sizes is None else tuple(sizes)) for s, m, sizes in variants]
+    for schedule, m, sizes in variants:
+        validate_config(len(model_fn()), world_size, microbatch_size * m, m, schedule, sizes)
+    x, y = _batch(microbatch_size * max(m for _, m, _ in variants))
+    per_rank = launch(_rounds_worker, model_fn, x, y, variants, microbatch_size, repeats,
+                      world_size=world_size, timeout=timeout)
+    return {v: [[per_rank[rank][v][k] for rank in range(world_size)] for k in range(repeats)]
+            for v in variants}
+
+
+def op_gaps(results):
+    """Seconds each op of a step started after it could have: after both its rank was free and
+    the op it needs (F of the stage before, B of the stage after) had ended. What fills a gap
+    is the message, waking the rank, and Python; the bubble formula counts none of it."""
+    ops = {(s.rank, s.name, s.label): s for r in results for s in r["spans"]}
+    gaps = []
+    for rank, r in enumerate(results):
+        previous_end = None
+        for span in sorted(r["spans"], key=lambda s: s.start):
+            src = rank - 1 if span.name == "forward" else rank + 1
+            ready = [e for e in (previous_end, getattr(ops.get((src, span.name, span.label)),
+                                                       "end", None)) if e is not None]
+            if ready:
+                gaps.append(max(0.0, span.start - max(ready)))
+            previous_end = span.end
+    return gaps
+
+
+def latency_bubble(n_stages, n_microbatches, slot_s, gap_s):
+    """Idle share when each of the m + p - 1 slots (a forward and a backward) also pays two
+    gaps of ``gap_s`` (``lu.step_time.pipeline_step`` on a link of latency ``gap_s``), as
+    measured from work spans: a gap is idle time."""
+    step = pipeline_step(slot_s * n_stages * n_microbatches, n_stages, n_microbatches, 0,
+                         (gap_s, 1e-30))   # latency only: no bytes are sent
+    return 1 - step.compute / step.total
+
+
+def gap_allowed(n_stages, n_microbatches, slot_s, margin=0.1):
+    """The largest gap per op (seconds) for which ``latency_bubble`` stays within ``margin``
+    of (p-1)/(m+p-1): solve 1 - m s / ((m+p-1)(s + 2g)) = (1 + margin)(p-1)/(m+p-1) for g."""
+    p, m = n_stages, n_microbatches
+    return slot_s / 2 * (m / (m + p - 1 - (1 + margin) * (p - 1)) - 1)
+
+
+def measure_bubbles(stages=(2, 4), microbatches=(4, 8), schedules=("gpipe", "1f1b"),
+                    repeats=5, stage_forward_ms=24.0, microbatch_size=4, timeout=300.0):
+    """For each p, m and schedule: the measured bubble (Stats over ``repeats`` rounds), the
+    formula, the gap before each op (``op_gaps``, seconds) measured on the same timelines, the
+    bubble once the mean gap (``with_gaps``) or the median gap (``with_median_gap``: the
+    typical op, without the rare long waits for a core) is added to every op, the largest gap
+    that keeps the formula within 10% (``gap_allowed_s``), and the last round's timelines."""
     rows = []
-    for m in microbatches:
-        results = timed_pipeline(world_size, m, schedule, batch_size, ms_per_sample,
-                                 n_layers=n_layers)
-        slot = 3 * ms_per_sample / 1e3 * (n_layers / world_size) * batch_size / m
-        rows.append({"m": m, "measured_bubble": measured_bubble(results),
-                     "predicted_bubble": predicted_bubble(world_size, m),
-                     "measured_throughput": batch_size / makespan(results),
-                     "predicted_throughput": batch_size / ((m + world_size - 1) * slot)})
+    for p in stages:
+        model_fn = emulated_model(p, stage_forward_ms, microbatch_size)
+        variants = [(s, m, None) for m in microbatches for s in schedules]
+        timed = measure_rounds(model_fn, p, variants, microbatch_size, repeats, timeout)
+        slot_s = 3 * stage_forward_ms / 1e3
+        for (schedule, m, _), runs in timed.items():
+            gaps = [g for run in runs for g in op_gaps(run)]
+            rows.append({"p": p, "m": m, "schedule": schedule,
+                         "bubble": Stats.of([measured_bubble(run) for run in runs]),
+                         "predicted": predicted_bubble(p, m),
+                         "gap": Stats.of(gaps), "slot_s": slot_s,
+                         "with_gaps": latency_bubble(p, m, slot_s, mean(gaps)),
+                         "with_median_gap": latency_bubble(p, m, slot_s, median(gaps)),
+                         "gap_allowed_s": gap_allowed(p, m, slot_s),
+                         "timeline": runs[-1]})
     return rows
+
+
+# ---- the schedule alone: every op takes its nominal time, messages are free ---------------
+
+COSTS = {"F": 1, "B": 2, "I": 1, "W": 1}   # forward 1; backward 2, or input 1 + weight 1
+
+
+def ideal_timeline(actions_by_rank, costs=COSTS, stage_weights=None):
+    """Run the ranks' ordered actions ``(kind, stage, microbatch)`` on an ideal machine: each
+    starts when its rank is free and its inputs exist (F after F of the stage before; B or I
+    after this stage's F and the B or I of the stage after; W after I), and takes
+    ``costs[kind]`` times ``stage_weights[stage]`` (1 if not given). Returns
+    {action: (rank, start, end)}; raises ValueError if the order deadlocks."""
+    n_stages = 1 + max(a[1] for acts in actions_by_rank for a in acts)
+    done, free, nxt = {}, [0] * len(actions_by_rank), [0] * len(actions_by_rank)
+
+    def needs(kind, s, i):
+        if kind == "F":
+            return [("F", s - 1, i)] if s else []
+        if kind == "W":
+            return [("I", s, i)]
+        later = [] if s == n_stages - 1 else [next((k, s + 1, i) for k in "BI"
+                                                   if (k, s + 1, i) in kinds)]
+        return [("F", s, i)] + later
+
+    kinds = {a for acts in actions_by_rank for a in acts}
+    while any(n < len(acts) for n, acts in zip(nxt, actions_by_rank)):
+        progressed = False
+        for r, acts in enumerate(actions_by_rank):
+            if nxt[r] < len(acts) and all(d in done for d in needs(*acts[nxt[r]])):
+                a = acts[nxt[r]]
+                start = max([free[r]] + [done[d][2] for d in needs(*a)])
+                end = start + costs[a[0]] * (stage_weights[a[1]] if stage_weights else 1)
+                done[a] = (r, start, end)
+                free[r], nxt[r], progressed = end, nxt[r] + 1, True
+        if not progressed:
+            stuck = [f"rank {r} at {acts[nxt[r]][0]}{acts[nxt[r]][2]} of stage {acts[nxt[r]][1]}"
+                     for r, acts in enumerate(actions_by_rank) if nxt[r] < len(acts)]
+            raise ValueError(f"deadlock: {', '.join(stuck)} (each waits for another)")
+    return done
+
+
+def ideal_makespan(actions_by_rank, costs=COSTS, stage_weights=None):
+    """The step time of ``ideal_timeline``, in units of one forward."""
+    return max(end for _, _, end in ideal_timeline(actions_by_rank, costs,
+                                                     stage_weights).values())
+
+
+def ideal_bubble(actions_by_rank, costs=COSTS, stage_weights=None):
+    """Idle share of ``ideal_timeline``: 1 - busy / (ranks x makespan)."""
+    timeline = ideal_timeline(actions_by_rank, costs, stage_weights)
+    makespan = max(end for _, _, end in timeline.values())
+    busy = sum(end - start for _, start, end in timeline.values())
+    return 1 - busy / (len(actions_by_rank) * makespan)
+
+
+def stage_per_rank(schedule, n_stages, n_microbatches):
+    """Our schedules (stage s on rank s) as ``ideal_timeline``'s actions."""
+    fn = SCHEDULES[schedule] if isinstance(schedule, str) else schedule
+    return [[(op, s, i) for op, i in fn(s, n_stages, n_microbatches)] for s in range(n_stages)]

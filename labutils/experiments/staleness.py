@@ -1,4 +1,4 @@
-"""Staleness simulated in one process (03a): step t applies the gradient taken at the weights of
+"""Staleness simulated in one process (03b): step t applies the gradient taken at the weights of
 step t - k, so the effect of delay is seen without timing noise, deterministically. Simulated,
 not measured: the real asynchronous runs are ``labutils.parallel.async_sgd``."""
 from __future__ import annotations
@@ -7,12 +7,12 @@ import collections
 
 from labutils.core.env import one_thread
 from labutils.core.rank import progress
-from labutils.parallel.async_sgd import (
+from labutils.parallel.async_sgd import validate_inputs
+from labutils.parallel.flat_mlp import (
     batch_indices,
     full_loss,
     init_params,
     loss_and_grad,
-    validate_inputs,
 )
 
 
@@ -38,3 +38,19 @@ def _delayed_sgd(X, y, cfg, staleness):
             points.append(((step + 1) * cfg.batch_size, full_loss(params, X, y, cfg.hidden)))
     ex, ls = zip(*points)
     return dict(name=f"staleness {staleness}", examples=list(ex), loss=list(ls), params=params)
+
+
+def replay_parameter_server(X, y, cfg, trace):
+    """One process replays a real parameter-server run from its ``trace`` (worker, worker step,
+    weights' version, per update): update v applies the gradient of that worker's batch taken
+    at the weights of that version. It must equal the run's final weights: the server's
+    asynchrony is nothing but this sequence of (batch, staleness) pairs."""
+    X, y = validate_inputs(X, y, cfg, 1, 1)
+    with one_thread():
+        versions = [init_params(X.shape[1], 10, cfg)]
+        for k, (worker, step, version) in enumerate(trace):
+            progress(k + 1, len(trace), "updates")
+            idx = batch_indices(cfg, worker, step, len(X))
+            _, grad = loss_and_grad(versions[version], X[idx], y[idx], cfg.hidden)
+            versions.append(versions[-1] - cfg.lr * grad)
+        return versions[-1]

@@ -1,5 +1,12 @@
 """ZeRO stages 1-3 and FSDP2 trained on real ranks (06c): the problem, the runs, the bytes each
-rank holds, and the check that every stage trains like plain data parallelism."""
+rank holds and peaks at, the check that every stage trains like plain data parallelism, and the
+interleaved timing of the optimisation walk-through.
+
+Memory is measured with ``core.memory.measure_peak`` inside ``gloo_frees.frees_on_this_thread``
+(gloo's collectives, run so that this thread frees their buffers, where the profiler sees it).
+"""
+import time
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -7,8 +14,11 @@ import torch.nn.functional as F
 from labutils.core.launcher import launch
 from labutils.core.memory import measure_peak
 from labutils.core.rank import progress
+from labutils.core.timing import Stats, slowest
+from labutils.cost.planspec import zero_state_bytes
 from labutils.data.models import mlp
-from labutils.parallel.sharding import FSDP2, VOLUME_FACTOR, ShardLayout, wrap
+from labutils.experiments.gloo_frees import frees_on_this_thread
+from labutils.parallel.sharding import FSDP2, VOLUME_FACTOR, ShardLayout, padded, wrap
 from labutils.parallel.tensor_parallel import CommCounter
 
 
@@ -41,7 +51,27 @@ def held_bytes(trainer):
             "optimizer": _storage_bytes(opt_state)}
 
 
+def padded_state_bytes(numels, world_size, stage):
+    """What ``held_bytes`` counts after backward, exactly, when a parameter's ``numel`` does not
+    divide by ``world_size``: each sharded tensor is padded to ``padded(numel)`` first (fp32
+    Adam). Stages 1-2 keep the full weights in padded flat buffers; stage 1's full gradients
+    are the unpadded ``.grad``; stage 3 pads each tensor it shards."""
+    full, pad = sum(numels), sum(padded(n, world_size) for n in numels)
+    weights = {0: 4 * full, 1: 4 * pad, 2: 4 * pad, 3: 4 * pad / world_size}[stage]
+    grads = {0: 4 * full, 1: 4 * full, 2: 4 * pad / world_size, 3: 4 * pad / world_size}[stage]
+    adam = 8 * (pad / world_size if stage else full)
+    return weights + grads + adam
+
+
 KINDS = {"dp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp": "fsdp"}
+FORMULA_STAGE = {"dp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp": 3}
+
+
+def make_trainer(kind, model, layout, lr):
+    """The trainer of ``kind`` around ``model``: ``.model``, ``.opt``, ``.step()``."""
+    if kind == "fsdp":
+        return FSDP2(model, layout, lr)
+    return wrap(KINDS[kind], model, layout, lr)
 
 
 def _loss(model, x, y, checkpoint, autocast):
@@ -53,18 +83,32 @@ def _loss(model, x, y, checkpoint, autocast):
         return F.cross_entropy(out.float(), y)
 
 
+def activation_peak(model, x, y, checkpoint=False, autocast=False):
+    """Measured peak of one forward and backward that makes no weight gradient: activations,
+    their gradients, the loss. ZeRO shards none of it: the baseline under the model state."""
+    flags = [p.requires_grad for p in model.parameters()]
+    for p in model.parameters():
+        p.requires_grad_(False)
+    x = x.clone().requires_grad_()  # so backward runs through every layer
+    try:
+        return measure_peak(lambda: _loss(model, x, y, checkpoint, autocast).backward())[1]
+    finally:
+        for p, flag in zip(model.parameters(), flags):
+            p.requires_grad_(flag)
+
+
 def train_worker(rank, world_size, kind="dp", sizes=(32, 64, 64, 8), batch=16, steps=3,
-                 lr=1e-2, seed=0, measure_memory=False, checkpoint=False, autocast=False):
+                 lr=1e-2, seed=0, measure_memory=False, checkpoint=False, autocast=False,
+                 time_steps=True):
     """Worker: train ``steps`` steps of ``kind`` ("dp" plain data parallel, "zero1", "zero2",
     "zero3", or "fsdp") on this rank's slice of the batch. Returns global losses, the full final
     weights, model state held after the last backward, bytes per step (paper's units), median
-    step time and (optionally) peak memory."""
-    import time
+    step time and (``measure_memory``) the peak and the activation baseline, in bytes."""
     model, x, y = make_problem(sizes, batch, seed)
     layout = ShardLayout(rank, world_size, counter=CommCounter())
     x, y = x.chunk(world_size)[rank], y.chunk(world_size)[rank]
-    trainer = (FSDP2(model, layout, lr) if kind == "fsdp"
-               else wrap(KINDS[kind], model, layout, lr))
+    baseline = activation_peak(model, x, y, checkpoint, autocast) if measure_memory else None
+    trainer = make_trainer(kind, model, layout, lr)
     state, times = {}, []
 
     def run():
@@ -84,19 +128,21 @@ def train_worker(rank, world_size, kind="dp", sizes=(32, 64, 64, 8), batch=16, s
     before = (sum(p.to_local().numel() * 4 for p in trainer.model.parameters())
               if kind == "fsdp" else held_bytes(trainer)["weights"])
     if measure_memory:
-        losses, peak = measure_peak(run)
+        with frees_on_this_thread():
+            losses, peak = measure_peak(run)
     else:
         losses, peak = run(), 0
     volume = sum(VOLUME_FACTOR[op] * b for op, _, b in layout.counter.records) / steps
     params = trainer.full_parameters()
-    if measure_memory:  # time as many steps again without the profiler (it slows every op)
+    if measure_memory and time_steps:  # time steps again without the profiler (it slows ops)
         times.clear()
         run()
     dist.all_reduce(losses)  # the global loss: mean of the ranks' (equal-sized) batches
     return {"losses": losses / world_size, "params": params,
             "state": state, "volume_bytes_per_step": volume,
             "step_time": sorted(times[1:] or times)[len(times[1:] or times) // 2],
-            "peak_bytes": before + peak if measure_memory else None}
+            "peak_bytes": before + peak if measure_memory else None,
+            "baseline_bytes": baseline}
 
 
 def train_single(sizes=(32, 64, 64, 8), batch=16, steps=3, lr=1e-2, seed=0, checkpoint=False,
@@ -112,6 +158,21 @@ def train_single(sizes=(32, 64, 64, 8), batch=16, steps=3, lr=1e-2, seed=0, chec
         opt.zero_grad(set_to_none=True)
         losses.append(loss.detach())
     return {"losses": torch.stack(losses), "params": [p.detach() for p in model.parameters()]}
+
+
+def single_step(sizes, batch, checkpoint=False, autocast=False, lr=1e-2, seed=0):
+    """One process: build the model and Adam now; return ``step()``, one training step (the
+    closure a timer calls, so building stays outside the clock)."""
+    model, x, y = make_problem(sizes, batch, seed)
+    opt = torch.optim.Adam(model.parameters(), lr=lr, foreach=False)
+
+    def step():
+        loss = _loss(model, x, y, checkpoint, autocast)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+    return step
 
 
 def validate_run_config(kind, world_size, batch):
@@ -134,7 +195,27 @@ def run_training(kind="dp", world_size=2, **kwargs):
             torch.testing.assert_close(got, expected, msg=lambda m: f"rank {rank}: {m}")
     out = dict(results[0])
     out["peak_bytes_per_rank"] = [r["peak_bytes"] for r in results]
+    out["baseline_bytes_per_rank"] = [r["baseline_bytes"] for r in results]
     return out
+
+
+def memory_vs_formula(kinds=("dp", "zero1", "zero2", "zero3"), world_size=4, width=256,
+                      depth=64, batch=8, steps=2):
+    """Every ``kind`` on ``world_size`` real ranks on a square MLP of ``depth`` layers: per
+    rank, the measured peak, the measured activation baseline and the formula (fp32 Adam)."""
+    sizes = (width,) * (depth + 1)
+    psi = sum(p.numel() for p in make_problem(sizes, batch)[0].parameters())
+    rows = {}
+    for kind in kinds:
+        res = run_training(kind, world_size, sizes=sizes, batch=batch, steps=steps,
+                           measure_memory=True, time_steps=False)
+        rows[kind] = {"peak": res["peak_bytes_per_rank"],
+                      "baseline": res["baseline_bytes_per_rank"],
+                      "formula": zero_state_bytes(psi, world_size, FORMULA_STAGE[kind]),
+                      "losses": res["losses"]}
+    # the largest tensor a step gathers or reduces at once: one Linear's weight, fp32
+    return {"psi": psi, "world_size": world_size, "unit_bytes": 4 * width * width,
+            "rows": rows}
 
 
 def assert_same_training(result, reference, what="training"):
@@ -144,3 +225,48 @@ def assert_same_training(result, reference, what="training"):
     assert len(result["params"]) == len(reference["params"]), what
     for i, (got, expected) in enumerate(zip(result["params"], reference["params"])):
         torch.testing.assert_close(got, expected, msg=lambda m: f"{what}, parameter {i}: {m}")
+
+
+# ---- the walk-through: every variant in one launch, steps interleaved -------------------
+
+def walkthrough_worker(rank, world_size, variants, sizes, batch, repeats=5, lr=1e-2, seed=0):
+    """Worker: for each variant (label, kind, flags) build its trainer (outside any clock),
+    measure the peak of 2 steps, then time single steps round-robin over the variants,
+    ``repeats`` rounds after one warm-up round. Returns {label: (peak bytes, [seconds])}."""
+    built = {}
+    for label, kind, flags in variants:
+        model, x, y = make_problem(sizes, batch, seed)
+        x, y = x.chunk(world_size)[rank], y.chunk(world_size)[rank]
+        trainer = make_trainer(kind, model, ShardLayout(rank, world_size), lr)
+        before = (sum(p.to_local().numel() * 4 for p in trainer.model.parameters())
+                  if kind == "fsdp" else held_bytes(trainer)["weights"])
+
+        def step(trainer=trainer, x=x, y=y, flags=flags):
+            _loss(trainer.model, x, y, flags.get("checkpoint", False),
+                  flags.get("autocast", False)).backward()
+            trainer.step()
+
+        with frees_on_this_thread():
+            _, peak = measure_peak(lambda step=step: [step() for _ in range(2)])
+        built[label] = (step, before + peak)
+    times = {label: [] for label in built}
+    for i in range(repeats + 1):
+        for label, (step, _) in built.items():
+            dist.barrier()  # every rank starts the step together
+            start = time.perf_counter()
+            step()
+            if i:  # round 0 warms up
+                times[label].append(time.perf_counter() - start)
+        progress(i + 1, repeats + 1, "rounds")
+    return {label: (peak, times[label]) for label, (_, peak) in built.items()}
+
+
+def run_walkthrough(variants, world_size=2, sizes=(64,) + (128,) * 6 + (8,), batch=1024,
+                    repeats=5):
+    """``walkthrough_worker`` on real ranks: {label: {"peak": max over ranks, "time": Stats of
+    the slowest rank's step per round}}."""
+    per_rank = launch(walkthrough_worker, variants, sizes, batch, repeats,
+                      world_size=world_size, warn_oversubscription=False)
+    return {label: {"peak": max(r[label][0] for r in per_rank),
+                    "time": Stats.of(slowest([r[label][1] for r in per_rank]))}
+            for label, _, _ in variants}

@@ -1,12 +1,14 @@
 """Synchronous vs asynchronous SGD on real ranks: all-reduce SGD, a parameter server, Hogwild.
 
-Used by ``03a_parallelism_concepts`` (sync vs async, stragglers, staleness) and
-``03c_challenges`` (stale updates as a data-inconsistency problem).
+Used by ``03b_sync_async_sgd`` (sync vs async, stragglers, staleness) and
+``03e_consistency_and_hardware`` (stale updates as a data-inconsistency problem).
 
-The model is a small MLP on the digits whose parameters live in ONE flat fp32 vector, so a
-rank can send, receive or share all of them as a single tensor. Every run returns a history
-of the full training-set loss against examples processed and against wall time (time spent
-evaluating the loss is left out of the clock).
+The model is a small MLP on the digits whose parameters live in ONE flat fp32 vector
+(``labutils.parallel.flat_mlp``, re-exported here). Every run returns a history
+of the full training-set loss against examples processed (counted by the ranks as they go, not
+computed from the settings) and against wall time (time spent evaluating the loss is left out
+of the clock and returned as ``eval_s``); the last point is taken when every rank has finished,
+whether or not ``steps`` is a multiple of ``eval_every``.
 
 * ``sync_sgd_worker``: every step, each rank computes a gradient on its own mini-batch,
   all-reduces it and applies the mean: equal, step for step, to single-process SGD on the union
@@ -29,11 +31,17 @@ from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from labutils.core.env import one_thread
 from labutils.core.launcher import launch
 from labutils.core.rank import progress
+from labutils.parallel.flat_mlp import (  # noqa: F401 (re-exported: async_sgd.init_params, ...)
+    accuracy,
+    batch_indices,
+    full_loss,
+    init_params,
+    loss_and_grad,
+)
 
 
 @dataclass(frozen=True)
@@ -62,53 +70,6 @@ class SGDConfig:
         return self
 
 
-# ---- the model: an MLP whose parameters are one flat vector ---------------------------------
-
-def _shapes(n_in, hidden, n_out):
-    return [(n_in, hidden), (hidden,), (hidden, n_out), (n_out,)]
-
-
-def init_params(n_in, n_out, cfg):
-    """The flat initial parameter vector (the same on every rank: seeded)."""
-    g = torch.Generator().manual_seed(cfg.seed)
-    parts = []
-    for shape in _shapes(n_in, cfg.hidden, n_out):
-        fan_in = shape[0] if len(shape) == 2 else cfg.hidden
-        parts.append((torch.rand(shape, generator=g) * 2 - 1).flatten() / fan_in ** 0.5)
-    return torch.cat(parts)
-
-
-def _forward(params, X, hidden, n_out):
-    W1, b1, W2, b2 = torch.split(params, [X.shape[1] * hidden, hidden, hidden * n_out, n_out])
-    h = F.relu(X @ W1.view(X.shape[1], hidden) + b1)      # (B, hidden)
-    return h @ W2.view(hidden, n_out) + b2                 # (B, n_out)
-
-
-def loss_and_grad(params, X, y, hidden, n_out=10):
-    """Mean cross-entropy of the batch and its gradient, on a snapshot of ``params``."""
-    p = params.detach().clone().requires_grad_(True)  # a snapshot: others may write params now
-    loss = F.cross_entropy(_forward(p, X, hidden, n_out), y)
-    (grad,) = torch.autograd.grad(loss, p)
-    return loss.item(), grad
-
-
-def full_loss(params, X, y, hidden, n_out=10):
-    with torch.no_grad():
-        return F.cross_entropy(_forward(params, X, hidden, n_out), y).item()
-
-
-def accuracy(params, X, y, hidden, n_out=10):
-    """Share of ``X`` classified correctly by the MLP with parameters ``params``."""
-    with torch.no_grad():
-        return (_forward(params, X, hidden, n_out).argmax(1) == y).float().mean().item()
-
-
-def batch_indices(cfg, worker, step, n):
-    """The mini-batch worker ``worker`` draws at ``step``: fixed by the seed, so runs repeat."""
-    g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + worker * 10_007 + step)
-    return torch.randint(0, n, (cfg.batch_size,), generator=g)
-
-
 class _History:
     """Full-loss points against examples processed and wall time, evaluation time excluded."""
 
@@ -128,7 +89,7 @@ class _History:
     def result(self, name, params, **extra):
         ex, ts, ls = zip(*self.points)
         return dict(name=name, examples=list(ex), time=list(ts), loss=list(ls),
-                    params=params.clone(), **extra)
+                    params=params.clone(), eval_s=self.eval_s, **extra)
 
 
 def _straggle(cfg, rank, world_size):
@@ -140,7 +101,7 @@ def _straggle(cfg, rank, world_size):
 
 def sync_sgd_worker(rank, world_size, X, y, cfg):
     """Every rank: gradient on its own batch, all-reduce, mean, the same update everywhere."""
-    params = init_params(X.shape[1], 10, cfg)
+    params, examples = init_params(X.shape[1], 10, cfg), 0
     dist.barrier()
     hist = _History(params, X, y, cfg) if rank == 0 else None
     for step in range(cfg.steps):
@@ -151,8 +112,12 @@ def sync_sgd_worker(rank, world_size, X, y, cfg):
         wire = grad.to(getattr(torch, cfg.compress))  # compression: fewer bytes on the wire
         dist.all_reduce(wire)            # everyone waits here for the slowest rank
         params -= cfg.lr * wire.float() / world_size
-        if rank == 0 and (step + 1) % cfg.eval_every == 0:
-            hist.add((step + 1) * world_size * cfg.batch_size, params)
+        examples += len(idx)             # this rank's own count
+        if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:  # the last point: the end
+            counted = torch.tensor([examples])
+            dist.all_reduce(counted)     # every rank's count, summed (exact: int64)
+            if rank == 0:
+                hist.add(int(counted), params)
     return hist.result("sync all-reduce", params) if rank == 0 else None
 
 
@@ -177,9 +142,11 @@ def _reference_sgd(X, y, cfg, ranks):
 
 def parameter_server_worker(rank, world_size, X, y, cfg):
     """Rank 0 serves the weights; ranks 1.. push gradients and pull weights, never waiting for
-    one another. A message is the flat vector plus one slot: the weights' version number (or
-    -1, "stop"). The server applies ``steps * workers`` gradients from whoever sends them, so
-    a straggler simply contributes fewer."""
+    one another. A pull is the flat vector plus one slot: the weights' version number (or -1,
+    "stop"); a push is the gradient plus three: that version, the batch's examples and the
+    worker's step. The server applies ``steps * workers`` gradients from whoever sends them, so
+    a straggler simply contributes fewer; its ``trace`` (worker, worker step, version) per
+    update lets one process replay the run exactly (``staleness.replay_parameter_server``)."""
     n = init_params(X.shape[1], 10, cfg).numel()
     workers = world_size - 1
     if rank == 0:
@@ -188,8 +155,8 @@ def parameter_server_worker(rank, world_size, X, y, cfg):
         hist = _History(params, X, y, cfg)
         for w in range(1, world_size):                      # everyone's first pull
             dist.send(torch.cat([params, torch.tensor([0.0])]), w)
-        msg, staleness, pushes = torch.empty(n + 1), [], [0] * world_size
-        active = workers
+        msg, staleness, pushes, trace = torch.empty(n + 3), [], [0] * world_size, []
+        active, examples = workers, 0
         while active:
             src = dist.recv(msg)                             # whoever pushes first is served
             if version == cfg.steps * workers:               # done: tell this worker to stop
@@ -197,14 +164,16 @@ def parameter_server_worker(rank, world_size, X, y, cfg):
                 active -= 1
                 continue
             staleness.append(version - int(msg[n]))          # updates since its weights
+            trace.append((src, int(msg[n + 2]), int(msg[n])))
             params -= cfg.lr * msg[:n]
             version += 1
             pushes[src] += 1
+            examples += int(msg[n + 1])
             dist.send(torch.cat([params, torch.tensor([float(version)])]), src)
-            if version % (cfg.eval_every * workers) == 0:
-                hist.add(version * cfg.batch_size, params)
+            if version % (cfg.eval_every * workers) == 0 or version == cfg.steps * workers:
+                hist.add(examples, params)
         return hist.result("parameter server", params, staleness=staleness,
-                           pushes=pushes[1:])
+                           pushes=pushes[1:], trace=trace)
     msg = torch.empty(n + 1)
     dist.barrier()
     step = 0
@@ -215,17 +184,24 @@ def parameter_server_worker(rank, world_size, X, y, cfg):
         idx = batch_indices(cfg, rank, step, len(X))
         _, grad = loss_and_grad(msg[:n], X[idx], y[idx], cfg.hidden)
         _straggle(cfg, rank, world_size)
-        dist.send(torch.cat([grad, msg[n:]]), 0)             # push, tagged with its version
+        tags = torch.tensor([msg[n].item(), float(len(idx)), float(step)])
+        dist.send(torch.cat([grad, tags]), 0)                # push, tagged with its version
         step += 1
 
 
 # ---- asynchronous: Hogwild on shared memory --------------------------------------------------
 
 def hogwild_worker(rank, world_size, X, y, cfg, path):
-    """Every rank updates the weights in the shared file ``path`` in place, with no lock."""
+    """Every rank updates the weights in the shared file ``path`` in place, with no lock.
+
+    The file also holds one counter per rank, the examples it has applied, so rank 0's points
+    count every rank's work (a sleeping straggler does not keep pace with rank 0). The last
+    point is taken after the final barrier: when every rank is done."""
     n = init_params(X.shape[1], 10, cfg).numel()
     # Mapped from a file by name: a tensor passed as an argument would arrive as a copy.
-    params = torch.from_file(path, shared=True, size=n, dtype=torch.float32)
+    # fp32 counts are exact up to 2**24 examples
+    shared = torch.from_file(path, shared=True, size=n + world_size, dtype=torch.float32)
+    params, counts = shared[:n], shared[n:]
     dist.barrier()
     hist = _History(params, X, y, cfg) if rank == 0 else None
     for step in range(cfg.steps):
@@ -234,17 +210,21 @@ def hogwild_worker(rank, world_size, X, y, cfg, path):
         _, grad = loss_and_grad(params, X[idx], y[idx], cfg.hidden)  # reads a racy snapshot
         _straggle(cfg, rank, world_size)
         params.sub_(cfg.lr * grad)                 # lock-free write, racing with other ranks
-        if rank == 0 and (step + 1) % cfg.eval_every == 0:
-            hist.add((step + 1) * world_size * cfg.batch_size, params)
-    dist.barrier()
-    return hist.result("Hogwild", params) if rank == 0 else None
+        counts[rank] += len(idx)                   # only this rank writes its own counter
+        if rank == 0 and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
+            hist.add(int(counts.sum()), params)
+    dist.barrier()                                 # every rank has applied all its updates
+    if rank != 0:
+        return None
+    hist.add(int(counts.sum()), params)
+    return hist.result("Hogwild", params)
 
 
 # ---- callers: validate, then launch ---------------------------------------------------------
 
-def _launch(worker, world_size, *args):
-    # a rank that mostly sleeps or waits needs no core of its own
-    return launch(worker, *args, world_size=world_size, timeout=300, warn_oversubscription=False)
+def _launch(worker, world_size, *args, warn=False):
+    # a rank that mostly sleeps or waits needs no core of its own; ``warn`` where times are read
+    return launch(worker, *args, world_size=world_size, timeout=300, warn_oversubscription=warn)
 
 
 def validate_inputs(X, y, cfg, world_size, minimum):
@@ -257,26 +237,27 @@ def validate_inputs(X, y, cfg, world_size, minimum):
     return X.float(), y.long()
 
 
-def run_sync(X, y, cfg=SGDConfig(), world_size=2):
+def run_sync(X, y, cfg=SGDConfig(), world_size=2, warn=False):
+    """``warn``: warn when the ranks outnumber the cores (for runs whose times are read)."""
     X, y = validate_inputs(X, y, cfg, world_size, 1)
-    return _launch(sync_sgd_worker, world_size, X, y, cfg)[0]
+    return _launch(sync_sgd_worker, world_size, X, y, cfg, warn=warn)[0]
 
 
-def run_parameter_server(X, y, cfg=SGDConfig(), world_size=3):
+def run_parameter_server(X, y, cfg=SGDConfig(), world_size=3, warn=False):
     """``world_size`` ranks: one server and ``world_size - 1`` workers."""
     X, y = validate_inputs(X, y, cfg, world_size, 2)
-    return _launch(parameter_server_worker, world_size, X, y, cfg)[0]
+    return _launch(parameter_server_worker, world_size, X, y, cfg, warn=warn)[0]
 
 
-def run_hogwild(X, y, cfg=SGDConfig(), world_size=2):
+def run_hogwild(X, y, cfg=SGDConfig(), world_size=2, warn=False):
     X, y = validate_inputs(X, y, cfg, world_size, 1)
-    init = init_params(X.shape[1], 10, cfg)
+    init = torch.cat([init_params(X.shape[1], 10, cfg), torch.zeros(world_size)])  # + counters
     folder = "/dev/shm" if os.path.isdir("/dev/shm") else None  # RAM-backed where there is one
     fd, path = tempfile.mkstemp(prefix="lu-hogwild-", dir=folder)
     os.close(fd)
     try:
         torch.from_file(path, shared=True, size=init.numel(), dtype=torch.float32).copy_(init)
-        return _launch(hogwild_worker, world_size, X, y, cfg, path)[0]
+        return _launch(hogwild_worker, world_size, X, y, cfg, path, warn=warn)[0]
     finally:
         os.unlink(path)
 

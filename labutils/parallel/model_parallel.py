@@ -1,9 +1,9 @@
 """Naive model parallelism: one sequential model cut into stages, one stage per rank.
 
 Used by 05_model_parallel_principles; the splitting helpers and ``StageLayout`` are reused by
-06a_pipeline_parallel (``labutils.parallel.pipeline``). Activations travel forward and gradients travel
-back with ``dist.send`` / ``dist.recv``; every result is checked against one process running
-the whole model (``reference_step``).
+``labutils.parallel.microbatch`` (05) and ``labutils.parallel.pipeline`` (06a). Activations
+travel forward and gradients travel back with ``dist.send`` / ``dist.recv``; every result is
+checked against one process running the whole model (``reference_step``).
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from labutils.core.commcount import count_collectives
 from labutils.core.launcher import launch
 from labutils.core.memory import measure_peak
 from labutils.core.timeline import Timeline
@@ -197,13 +198,14 @@ def naive_backward(rank, world_size, stage_input, stage_output, loss):
 
 def naive_model_parallel_worker(rank, world_size, model_fn, x, y, shapes, sizes=None,
                                 steps=1, lr=0.05, backward_fn=naive_backward,
-                                measure_memory=False):
+                                measure_memory=False, count_messages=False):
     """One stage per rank; ``steps`` SGD steps on the batch (x, y); a timeline of the work.
 
     Returns a dict: ``losses`` and ``output`` (last stage only), ``grads`` of the first step
     and ``params`` after the last, both by global parameter name, the ``spans``, and with
     ``measure_memory`` this rank's ``peak_bytes``: its weights plus the measured peak of one
-    training step (``lu.memory.measure_peak``).
+    training step (``lu.memory.measure_peak``). ``step_spans``: the spans of each step.
+    ``count_messages``: ``messages``, the send/recv calls of the first step, by c10d op name.
     """
     layout = StageLayout(rank, world_size)
     stage = split_model(model_fn(), world_size, sizes)[rank]
@@ -222,11 +224,15 @@ def naive_model_parallel_worker(rank, world_size, model_fn, x, y, shapes, sizes=
         return stage_output.detach(), (loss.item() if loss is not None else None)
 
     dist.barrier()                            # start the clocks together
-    peak = None
+    peak, bounds = None, []
     for step in range(steps):
+        first = len(tl.spans)
         if measure_memory and step == 0:
             (out, loss), peak = measure_peak(train_step)   # forward + backward
             peak += weight_bytes(stage)
+        elif count_messages and step == 0:
+            with count_collectives() as counted:
+                out, loss = train_step()
         else:
             out, loss = train_step()
         if grads is None:
@@ -235,9 +241,11 @@ def naive_model_parallel_worker(rank, world_size, model_fn, x, y, shapes, sizes=
         if layout.pp_is_last_stage:
             losses.append(loss)
         sgd_step(stage, lr)
+        bounds.append((first, len(tl.spans)))
     params = {n: p.detach().clone() for n, p in stage.named_parameters()}
     return {"losses": losses, "output": output, "grads": grads, "params": params,
-            "spans": tl.spans, "peak_bytes": peak}
+            "spans": tl.spans, "step_spans": [tl.spans[a:b] for a, b in bounds],
+            "peak_bytes": peak, "messages": dict(counted.by_op) if count_messages else None}
 
 
 def weight_bytes(module):
@@ -269,14 +277,17 @@ def reference_step(model_fn, x, y, steps=1, lr=0.05):
 
 
 def run_naive_model_parallel(model_fn, x, y, world_size=2, sizes=None, steps=1, lr=0.05,
-                             backward_fn=naive_backward, measure_memory=False, timeout=60.0):
-    """Check the split, then launch one stage per rank; returns the per-rank result dicts."""
+                             backward_fn=naive_backward, measure_memory=False, timeout=60.0,
+                             warn_oversubscription=True, count_messages=False):
+    """Check the split, then launch one stage per rank; returns the per-rank result dicts.
+    ``warn_oversubscription=False`` for runs that time nothing (see ``lu.launch``)."""
     model = model_fn()
     stages = split_model(model, world_size, sizes)   # raises before any process starts
     shapes = boundary_shapes(stages, x)
     return launch(naive_model_parallel_worker, model_fn, x, y, shapes, sizes=sizes, steps=steps,
                   lr=lr, backward_fn=backward_fn, measure_memory=measure_memory,
-                  world_size=world_size, timeout=timeout)
+                  count_messages=count_messages, world_size=world_size, timeout=timeout,
+                  warn_oversubscription=warn_oversubscription)
 
 
 def merge_stage_results(results, key):
@@ -285,29 +296,3 @@ def merge_stage_results(results, key):
     for r in results:
         merged.update(r[key])
     return merged
-
-
-# ---- the two other ideas of this chapter, in a few lines each -------------------------------
-
-def microbatched_forward(rank, world_size, stages, x, n_microbatches):
-    """The idea of pipelining: cut the batch, so stage r works on micro-batch i while stage
-    r+1 works on micro-batch i-1. Forward only; returns (output on the last rank, spans)."""
-    layout, stage, tl = StageLayout(rank, world_size), stages[rank], Timeline(rank)
-    x_mbs = x.chunk(n_microbatches)
-    shapes = boundary_shapes(stages, x_mbs[0])
-    outputs = []
-    dist.barrier()
-    with torch.no_grad():
-        for i, x_mb in enumerate(x_mbs):
-            if layout.pp_is_first_stage:
-                stage_input = x_mb
-            else:
-                stage_input = torch.empty(shapes[rank])
-                dist.recv(stage_input, src=layout.prev_rank)
-            with tl.span("forward", label=i):
-                out = stage(stage_input)
-            if layout.pp_is_last_stage:
-                outputs.append(out)
-            else:
-                dist.send(out, dst=layout.next_rank)
-    return (torch.cat(outputs) if outputs else None), tl.spans

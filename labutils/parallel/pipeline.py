@@ -5,13 +5,14 @@ A schedule is a plain list of ("F", i) / ("B", i) operations per stage; one exec
 schedule with blocking ``recv`` and non-blocking ``isend``, so a schedule whose dependencies are
 acyclic cannot deadlock. Gradients are accumulated over the micro-batches and checked against
 one process training on the whole batch. PyTorch's own ``torch.distributed.pipelining`` on the
-same stages is ``torch_pipeline``; the measured bubble is ``experiments.pipeline_bubble``, the
+same stages is ``torch_pipeline``; layers whose compute is emulated (they sleep) are
+``emulated_stages``; the measured bubble is ``experiments.pipeline_bubble``, the
 checker ``exercises.lab06a`` and the benchmark ``bench.pipeline``.
 """
 from __future__ import annotations
 
 import contextlib
-import time
+from collections import Counter
 
 import torch
 import torch.distributed as dist
@@ -22,20 +23,31 @@ from labutils.core.memory import measure_peak
 from labutils.core.rank import progress
 from labutils.core.timeline import Timeline
 from labutils.cost.step_time import bubble_fraction as predicted_bubble  # (p-1)/(m+p-1)
+from labutils.parallel.emulated_stages import Delay, make_pipeline_mlp, recording
 from labutils.parallel.model_parallel import (
     StageLayout,
     backward_from,
     boundary_shapes,
-    make_mlp,
     reference_step,
     sgd_step,
     split_model,
     validate_sizes,
 )
 
-__all__ = ["gpipe_schedule", "one_f_one_b_schedule", "SCHEDULES", "predicted_bubble",
-           "Delay", "make_pipeline_mlp", "validate_config", "run_schedule", "SavedBytes", "pipeline_worker",
-           "run_pipeline", "reference_train"]
+__all__ = [
+    "SCHEDULES",
+    "Delay",
+    "SavedBytes",
+    "gpipe_schedule",
+    "make_pipeline_mlp",
+    "one_f_one_b_schedule",
+    "pipeline_worker",
+    "predicted_bubble",
+    "reference_train",
+    "run_pipeline",
+    "run_schedule",
+    "validate_config",
+]
 
 
 # ---- schedules: the order of work on one stage ---------------------------------------------
@@ -49,8 +61,9 @@ def gpipe_schedule(stage, n_stages, n_microbatches):
 def one_f_one_b_schedule(stage, n_stages, n_microbatches):
     """1F1B (PipeDream-Flush, Narayanan et al. 2021): warm up, alternate, cool down.
 
-    Stage s runs p - s - 1 forwards before its first backward, so it never holds more than
-    p - s micro-batches' activations (GPipe holds all m).
+    Stage s warms up with p - s - 1 forwards; the steady state's first forward makes p - s
+    before its first backward, and it never holds more than p - s micro-batches'
+    activations (GPipe holds all m).
     """
     warmup = min(n_stages - stage - 1, n_microbatches)
     ops = [("F", i) for i in range(warmup)]
@@ -61,51 +74,6 @@ def one_f_one_b_schedule(stage, n_stages, n_microbatches):
 
 
 SCHEDULES = {"gpipe": gpipe_schedule, "1f1b": one_f_one_b_schedule}
-
-
-# ---- deliberate work, so a timeline on a noisy 2-core laptop shows the schedule ------------
-
-class _Sleep(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, forward_s, backward_s):
-        ctx.backward_s = backward_s
-        time.sleep(forward_s)
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        time.sleep(ctx.backward_s)
-        return grad, None, None
-
-
-class Delay(nn.Module):
-    """Identity that sleeps ``ms_per_sample`` per sample forward and twice that backward.
-
-    Sleeping ranks leave the cores free, so 4 stages on 2 cores still run side by side: the
-    timeline shows the schedule, not core contention. Values and gradients are unchanged.
-    """
-
-    def __init__(self, ms_per_sample):
-        super().__init__()
-        self.ms_per_sample = float(ms_per_sample)
-
-    def forward(self, x):
-        if self.ms_per_sample <= 0:
-            return x
-        forward_s = self.ms_per_sample * x.shape[0] / 1e3
-        return _Sleep.apply(x, forward_s, 2 * forward_s)
-
-
-def make_pipeline_mlp(n_layers=8, width=32, in_features=16, out_features=4, layer_ms=None,
-                      seed=0):
-    """make_mlp's blocks, each followed by a Delay of ``layer_ms[i]`` ms per sample."""
-    model = make_mlp(n_layers, width, in_features, out_features, seed)
-    if layer_ms is not None:
-        if len(layer_ms) != n_layers:
-            raise ValueError(f"layer_ms needs one cost per layer ({n_layers}); got {len(layer_ms)}")
-        for block, ms in zip(model, layer_ms):
-            block.append(Delay(ms))
-    return model
 
 
 # ---- the executor ---------------------------------------------------------------------------
@@ -141,32 +109,59 @@ def received_before(prev_ops):
     return release
 
 
-class SavedBytes:
-    """Optional hook of ``run_schedule``: bytes autograd saves for backward, per micro-batch held,
-    and the most held at any one time (the pipeline's activation memory)."""
+class _Saved:
+    """What autograd keeps for one saved tensor while counted: freed with the graph."""
+    __slots__ = ("_release", "tensor")
 
-    def __init__(self, stage):
-        self.params = {p.untyped_storage().data_ptr() for p in stage.parameters()}
-        self.held, self.peak_microbatches, self.peak_bytes = {}, 0, 0
+    def __init__(self, tensor, release):
+        self.tensor, self._release = tensor, release
+
+    def __del__(self):
+        self._release()
+
+
+class SavedBytes:
+    """Bytes autograd holds saved for backward on this rank, counted as they are saved and as
+    the graph frees them: the peak over a step (the pipeline's activation memory) and the most
+    micro-batches whose tensors were held at once. Each tensor region once, weights aside; a
+    micro-batch that is a view of the whole batch counts its own bytes. Works for any executor
+    (``run_schedule``, PyTorch's schedules): wrap its work in ``saving(label)``."""
+
+    def __init__(self, stage_modules):
+        modules = stage_modules if isinstance(stage_modules, (list, tuple)) else [stage_modules]
+        self.params = {p.untyped_storage().data_ptr() for m in modules for p in m.parameters()}
+        self.live, self.by_label = {}, Counter()   # region -> [bytes, holders]; label -> holders
+        self.bytes = self.peak_bytes = self.peak_microbatches = 0
 
     @contextlib.contextmanager
-    def forward(self, i):
-        counted = {}
+    def saving(self, label=None):
+        def pack(t):
+            if t.untyped_storage().data_ptr() in self.params:
+                return t
+            key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.numel())
+            entry = self.live.setdefault(key, [t.numel() * t.element_size(), 0])
+            self.bytes += entry[0] if entry[1] == 0 else 0
+            entry[1] += 1
+            self.by_label[label] += 1
+            self.peak_bytes = max(self.peak_bytes, self.bytes)
+            self.peak_microbatches = max(self.peak_microbatches, len(self.by_label))
+            return _Saved(t, lambda: self._release(key, label))
 
-        def pack(t):   # every tensor saved for backward, each storage once, weights aside
-            st = t.untyped_storage()
-            if st.data_ptr() not in self.params:
-                counted[st.data_ptr()] = st.nbytes()
-            return t
+        def unpack(saved):
+            return saved.tensor if isinstance(saved, _Saved) else saved
 
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            yield
-        self.held[i] = sum(counted.values())
-        self.peak_microbatches = max(self.peak_microbatches, len(self.held))
-        self.peak_bytes = max(self.peak_bytes, sum(self.held.values()))
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            yield self
 
-    def backward(self, i):
-        self.held.pop(i)
+    def _release(self, key, label):
+        entry = self.live[key]
+        entry[1] -= 1
+        if entry[1] == 0:
+            self.bytes -= entry[0]
+            del self.live[key]
+        self.by_label[label] -= 1
+        if self.by_label[label] == 0:
+            del self.by_label[label]
 
 
 def run_schedule(ops, stage, layout, x_mbs, y_mbs, in_shape, tl, prev_ops=None,
@@ -194,7 +189,7 @@ def run_schedule(ops, stage, layout, x_mbs, y_mbs, in_shape, tl, prev_ops=None,
                 for j in release.get(i, ()) & sent_backward.keys():
                     sent_backward.pop(j).wait()
             with tl.span("forward", label=i), \
-                    (memory.forward(i) if memory else contextlib.nullcontext()):
+                    (memory.saving(i) if memory else contextlib.nullcontext()):
                 out = stage(stage_input)
                 if layout.pp_is_last_stage:   # mean over the batch = sum of means / m
                     out = loss_fn(out, y_mbs[i]) / m
@@ -205,8 +200,6 @@ def run_schedule(ops, stage, layout, x_mbs, y_mbs, in_shape, tl, prev_ops=None,
             inputs[i], outputs[i] = stage_input, out
         elif op == "B":
             stage_input, out = inputs.pop(i), outputs.pop(i)
-            if memory:
-                memory.backward(i)
             if not layout.pp_is_last_stage:
                 grad_output = torch.empty_like(out)
                 dist.recv(grad_output, src=layout.next_rank, tag=i)
@@ -231,9 +224,11 @@ def pipeline_worker(rank, world_size, model_fn, x, y, shapes, schedule="1f1b", n
     """Train ``steps`` SGD steps with a pipeline schedule; the last step is timed.
 
     Returns a dict: ``losses`` (last stage), ``grads`` after the first step and ``params`` after
-    the last (by global name), ``spans`` of the last step, ``peak_microbatches`` and
-    ``peak_activation_bytes`` (saved for backward, most at any one time on this rank), and
-    with ``measure_memory`` the last step's measured ``peak_bytes`` (``lu.memory.measure_peak``).
+    the last (by global name), ``spans`` of the last step (one per op, labelled by micro-batch),
+    its ``work_spans`` (the emulated work of ``Delay`` layers: "F", "B", "W"),
+    ``peak_microbatches`` and ``peak_activation_bytes`` (saved for backward, most at any one time
+    on this rank), and with ``measure_memory`` the last step's measured ``peak_bytes``
+    (``lu.memory.measure_peak``).
     """
     layout = StageLayout(rank, world_size)
     stage = split_model(model_fn(), world_size, sizes)[rank]
@@ -241,9 +236,7 @@ def pipeline_worker(rank, world_size, model_fn, x, y, shapes, schedule="1f1b", n
     ops = schedule_fn(rank, world_size, n_microbatches)
     prev_ops = None if layout.pp_is_first_stage else schedule_fn(rank - 1, world_size,
                                                                  n_microbatches)
-    # clone: views of one batch would share its storage and blur the per-micro-batch bytes
-    x_mbs = [mb.clone() for mb in x.chunk(n_microbatches)]
-    y_mbs = [mb.clone() for mb in y.chunk(n_microbatches)]
+    x_mbs, y_mbs = x.chunk(n_microbatches), y.chunk(n_microbatches)
     in_shape = shapes[rank]
     losses, grads, measured = [], None, None
     for step in range(steps):
@@ -252,10 +245,11 @@ def pipeline_worker(rank, world_size, model_fn, x, y, shapes, schedule="1f1b", n
         dist.barrier()                 # every rank starts the step together
         memory = SavedBytes(stage)
         args = (ops, stage, layout, x_mbs, y_mbs, in_shape, tl, prev_ops)
-        if measure_memory and step == steps - 1:
-            loss, measured = measure_peak(run_schedule, *args, memory=memory)
-        else:
-            loss = run_schedule(*args, memory=memory)
+        with recording(Timeline(rank)) as work:
+            if measure_memory and step == steps - 1:
+                loss, measured = measure_peak(run_schedule, *args, memory=memory)
+            else:
+                loss = run_schedule(*args, memory=memory)
         peak_held, peak_bytes = memory.peak_microbatches, memory.peak_bytes
         if grads is None:
             grads = {n: p.grad.clone() for n, p in stage.named_parameters()}
@@ -263,19 +257,22 @@ def pipeline_worker(rank, world_size, model_fn, x, y, shapes, schedule="1f1b", n
         sgd_step(stage, lr)
     return {"losses": losses if layout.pp_is_last_stage else [], "grads": grads,
             "params": {n: p.detach().clone() for n, p in stage.named_parameters()},
-            "spans": tl.spans, "peak_microbatches": peak_held,
+            "spans": tl.spans, "work_spans": work.spans, "peak_microbatches": peak_held,
             "peak_activation_bytes": peak_bytes, "peak_bytes": measured}
 
 
 def run_pipeline(model_fn, x, y, world_size=2, schedule="1f1b", n_microbatches=4, sizes=None,
-                 steps=1, lr=0.05, measure_memory=False, timeout=120.0):
-    """Validate, then launch one stage per rank; returns the per-rank result dicts."""
+                 steps=1, lr=0.05, measure_memory=False, timeout=120.0,
+                 warn_oversubscription=True):
+    """Validate, then launch one stage per rank; returns the per-rank result dicts.
+    ``warn_oversubscription=False`` for a run that times nothing (see ``lu.launch``)."""
     model = model_fn()
     sizes = validate_config(len(model), world_size, x.shape[0], n_microbatches, schedule, sizes)
     shapes = boundary_shapes(split_model(model, world_size, sizes), x[:x.shape[0] // n_microbatches])
     return launch(pipeline_worker, model_fn, x, y, shapes, schedule=schedule,
                   n_microbatches=n_microbatches, sizes=sizes, steps=steps, lr=lr,
-                  measure_memory=measure_memory, world_size=world_size, timeout=timeout)
+                  measure_memory=measure_memory, world_size=world_size, timeout=timeout,
+                  warn_oversubscription=warn_oversubscription)
 
 
 def reference_train(model_fn, x, y, steps=1, lr=0.05):
@@ -283,14 +280,7 @@ def reference_train(model_fn, x, y, steps=1, lr=0.05):
     return reference_step(model_fn, x, y, steps=steps, lr=lr)
 
 
-# ---- the same pipeline with torch.distributed.pipelining ----------------------------------
-
-
-# ---- measurements shown in 06a: bubble, micro-batch sweep ---------------------------------
-
-
-# ---- exercise: write the 1F1B order of one stage ------------------------------------------
-
+# ---- the exercise's rules: what makes a list of ops a schedule -----------------------------
 
 def schedule_problem(ops, n_microbatches):
     """None if every micro-batch has one F then one B; else what is wrong, in words."""

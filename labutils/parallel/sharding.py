@@ -12,6 +12,11 @@ equal slice (a *shard*) of every parameter, flattened and padded to a multiple o
 * stage 3 (P_os+g+p): only shards of the weights exist; a layer all-gathers its weight just
   before it is used, forward and again backward, and drops it right after.
 
+The general versions live beside this lesson module, tested against PyTorch's own:
+``zero_optimizer.ZeroOptimizer`` (stages 1-2 as a ``torch.optim.Optimizer`` around any optimizer
+class; ``Zero12`` here is a view of it) and ``zero3.Zero3Module`` (stage 3 for any module, on
+module hooks; ``Zero3`` here is the lesson-sized version: one ``autograd.Function`` per Linear).
+
 gloo on CPU runs ``reduce_scatter_single`` and ``all_gather_single`` (torch 2.13's names for
 ``reduce_scatter_tensor`` / ``all_gather_into_tensor``), checked by ``tests/test_sharding.py``.
 """
@@ -24,7 +29,9 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from labutils.parallel import zero_optimizer
 from labutils.parallel.tensor_parallel import CommCounter
+from labutils.parallel.zero_optimizer import ZeroOptimizer, flat_padded, padded  # noqa: F401
 
 # Volume in the paper's units: an all-reduce of n bytes is a reduce-scatter plus an
 # all-gather, each moving (N-1)/N * n per rank, so it counts twice (paper, section 7).
@@ -40,40 +47,21 @@ class ShardLayout:
     counter: CommCounter | None = None
 
 
-def padded(numel, world_size):
-    """Smallest multiple of world_size >= numel: every shard has the same length."""
-    return -(-numel // world_size) * world_size
-
-
-def _count(layout, op, full):
-    if layout.counter is not None:
-        layout.counter.add(op, "step", full.numel() * full.element_size())
-
-
 def reduce_scatter_mean(full_flat, layout):
     """(padded numel,) summed over ranks -> this rank's shard, divided by world size."""
-    _count(layout, "reduce_scatter", full_flat)
-    shard = torch.empty(full_flat.numel() // layout.world_size, dtype=full_flat.dtype)
-    dist.reduce_scatter_single(shard, full_flat, group=layout.group)
-    return shard.div_(layout.world_size)
+    return zero_optimizer.reduce_scatter_mean(full_flat, layout.group, layout.counter)
 
 
 def all_gather_flat(shard, layout):
     """This rank's shard -> the full (padded numel,) tensor, rank order."""
     full = torch.empty(shard.numel() * layout.world_size, dtype=shard.dtype)
-    _count(layout, "all_gather", full)
-    dist.all_gather_single(full, shard.contiguous(), group=layout.group)
+    zero_optimizer.all_gather_into(full, shard, layout.group, layout.counter)
     return full
 
 
-def flat_padded(tensor, world_size):
-    """``tensor`` flattened into a zero-padded buffer of ``padded(numel)`` elements (a view,
-    no copy, when numel already divides evenly)."""
-    if tensor.numel() % world_size == 0 and tensor.is_contiguous():
-        return tensor.view(-1)
-    flat = torch.zeros(padded(tensor.numel(), world_size), dtype=tensor.dtype)
-    flat[:tensor.numel()] = tensor.reshape(-1)
-    return flat
+def _count(layout, op, full):
+    if layout.counter is not None:
+        layout.counter.add(op, "step", full.numel() * full.element_size())
 
 
 # ---- plain data parallelism: the reference ------------------------------------------------
@@ -100,40 +88,22 @@ class DataParallel:
 # ---- stages 1 and 2 ---------------------------------------------------------------------
 
 class Zero12:
-    """ZeRO stage 1 or 2: full weights; Adam state (and with stage 2 gradients) sharded."""
+    """ZeRO stage 1 or 2 with Adam: the lesson's view of ``zero_optimizer.ZeroOptimizer``, which
+    does the work (it averages the gradients itself, so no DDP). ``opt`` is the inner Adam,
+    built on this rank's shards only; ``shards[i]`` is a view of ``flats[i]``, the padded flat
+    buffer that holds parameter i."""
 
     def __init__(self, model, layout, lr, stage=1):
         self.model, self.layout, self.stage = model, layout, stage
-        self.params = list(model.parameters())
-        self.flats, self.shards = [], []
-        for p in self.params:
-            # The weight lives in a padded flat buffer, so this rank's shard is a *view* of it:
-            # Adam updates the shard in place and no second copy of the weights exists.
-            flat = flat_padded(p.data, layout.world_size)
-            p.data = flat[:p.numel()].view_as(p)
-            self.flats.append(flat)
-            self.shards.append(nn.Parameter(flat.chunk(layout.world_size)[layout.rank]))
-        self.opt = torch.optim.Adam(self.shards, lr=lr, foreach=False)
-        if stage == 2:
-            for p, shard in zip(self.params, self.shards):
-                p.register_post_accumulate_grad_hook(
-                    lambda p, shard=shard: self._shard_gradient(p, shard))
-
-    def _shard_gradient(self, p, shard):
-        shard.grad = reduce_scatter_mean(flat_padded(p.grad, self.layout.world_size),
-                                         self.layout)
-        p.grad = None  # the full gradient is gone before backward reaches the next layer
+        self.zero = ZeroOptimizer(model.parameters(), torch.optim.Adam, stage=stage,
+                                  group=layout.group, counter=layout.counter, lr=lr,
+                                  foreach=False)
+        self.opt = self.zero.optim
+        self.params, self.flats, self.shards = self.zero.params, self.zero.flats, self.zero.shards
 
     def step(self):
-        if self.stage == 1:  # full gradients were kept through backward; shard them now
-            for p, shard in zip(self.params, self.shards):
-                self._shard_gradient(p, shard)
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
-        for flat, shard in zip(self.flats, self.shards):
-            # all-gather the updated shards into the full weights (the shard is part of
-            # ``flat``, so send a copy: input and output of a collective must not overlap)
-            flat.copy_(all_gather_flat(shard.detach().clone(), self.layout))
+        self.zero.step()  # stage 1: reduce-scatter now; Adam on the shards; all-gather
+        self.zero.zero_grad(set_to_none=True)
 
     def full_parameters(self):
         return [p.detach().clone() for p in self.params]

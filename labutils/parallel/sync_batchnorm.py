@@ -1,6 +1,6 @@
 """A synchronised BatchNorm written from all-reduce, for CPU and gloo.
 
-Used by ``03c_challenges`` (data inconsistency: each rank's BatchNorm sees only its own
+Used by ``03e_consistency_and_hardware`` (data inconsistency: each rank's BatchNorm sees only its own
 shard of the batch) and its exercise ``check_sync_batch_stats``. PyTorch's
 ``nn.SyncBatchNorm`` refuses CPU tensors, so this is the same algorithm in about 80 lines:
 
@@ -8,8 +8,8 @@ shard of the batch) and its exercise ``check_sync_batch_stats``. PyTorch's
   variance of the whole global batch; every rank normalises with them and updates its running
   statistics identically;
 * backward: ONE all-reduce of (sum of dy, sum of dy * x_hat) gives the two global means the
-  input gradient needs. Weight and bias gradients stay local sums, as in PyTorch: data
-  parallelism (DDP) then all-reduces them with every other gradient.
+  input gradient needs. Weight and bias gradients stay this rank's share, as in PyTorch: data
+  parallelism (DDP) then averages them over the ranks with every other gradient.
 
 Asserted equal to single-process ``nn.BatchNorm`` on the whole batch (outputs, running
 statistics, gradients) in ``tests/test_sync_batchnorm.py``.
@@ -28,8 +28,8 @@ def _reduce_dims(x):
 def sync_batch_stats(x, group=None):
     """Per-channel mean and biased variance of the batch formed by every rank's ``x``.
 
-    Sums travel in float64, so E[x^2] - E[x]^2 loses nothing to cancellation; the count
-    travels too, because ranks may hold batches of different sizes.
+    Sums travel in float64, so E[x^2] - E[x]^2 loses far less to cancellation than in float32;
+    the count travels too, because ranks may hold batches of different sizes.
     """
     dims, C = _reduce_dims(x), x.shape[1]
     xd = x.detach().double()

@@ -10,7 +10,9 @@ A linear layer ``Y = X W^T + b`` is split across the ``tp_world_size`` ranks of 
   outputs are summed by the **g** operator (all-reduce forward, identity backward).
 
 Column then row (MLP: fc1, fc2; attention: qkv, proj) needs one all-reduce forward and one
-backward per block, and no communication in between (the paper's figure 3).
+backward per block, and no communication in between (the paper's figure 3): a transformer layer
+(attention, then MLP) makes four, each on the critical path, because the very next operation
+needs its result.
 """
 from __future__ import annotations
 
@@ -18,8 +20,8 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 import torch.nn.functional as F
+from torch import nn
 
 # ---- layout and communication bookkeeping ---------------------------------------------
 
@@ -45,6 +47,7 @@ class TPLayout:
     tp_world_size: int
     group: object = None
     counter: CommCounter | None = None
+    timeline: object = None      # a ``lu.timeline.Timeline``: one ``allreduce`` span per call
 
 
 def validate_tp_config(hidden, num_heads=None, tp_world_size=2, ffn_hidden=None):
@@ -69,7 +72,11 @@ def _all_reduce(x, layout, op_name, phase):
     if layout.tp_world_size > 1:  # one rank holds everything: nothing to send
         if layout.counter is not None:
             layout.counter.add(op_name, phase, x.numel() * x.element_size())
-        dist.all_reduce(x, group=layout.group)
+        if layout.timeline is None:
+            dist.all_reduce(x, group=layout.group)
+        else:
+            with layout.timeline.span("allreduce", label=op_name, phase=phase):
+                dist.all_reduce(x, group=layout.group)
     return x
 
 
@@ -217,6 +224,28 @@ class ParallelSelfAttention(nn.Module):
         return self.proj(self.attend(self.qkv(x), self.local_heads))
 
 
+class TransformerLayer(nn.Module):
+    """x + attention(x), then + MLP(x): a transformer layer (its layer norms, replicated and
+    silent under tensor parallelism, are left out)."""
+
+    def __init__(self, hidden, num_heads):
+        super().__init__()
+        self.attn, self.mlp = SelfAttention(hidden, num_heads), MLP(hidden)
+
+    def forward(self, x):
+        x = x + self.attn(x)
+        return x + self.mlp(x)
+
+
+class ParallelTransformerLayer(TransformerLayer):
+    """Both blocks tensor-parallel: f and g of attention, then f and g of the MLP."""
+
+    def __init__(self, layer, layout):
+        nn.Module.__init__(self)
+        self.attn = ParallelSelfAttention(layer.attn, layout)
+        self.mlp = ParallelMLP(layer.mlp, layout)
+
+
 # ---- what the paper predicts ------------------------------------------------------------
 
 def comm_bytes_formula(batch, seq, hidden, tp_world_size, dtype_bytes=4):
@@ -230,24 +259,11 @@ def comm_bytes_formula(batch, seq, hidden, tp_world_size, dtype_bytes=4):
 
 def reference_shards(name, grad, layout):
     """The slice of a single-process gradient that the parallel parameter ``name`` owns."""
-    if name.endswith("proj.bias") or name.endswith("fc2.bias"):
+    leaf = ".".join(name.split(".")[-2:])              # "attn.qkv.weight" -> "qkv.weight"
+    if leaf in ("proj.bias", "fc2.bias"):
         return grad                                    # row-parallel bias: replicated
-    if name.startswith("qkv"):
+    if leaf.startswith("qkv"):
         return shard(grad, layout, 0, groups=3)
-    if name.startswith(("fc2", "proj")):
+    if leaf.startswith(("fc2", "proj")):
         return shard(grad, layout, 1)
     return shard(grad, layout, 0)
-
-
-# ---- workers: parallel block vs single-process block, on real ranks ---------------------
-# The ranks only run the parallel block and send back what they computed; the caller runs the
-# single-process reference and asserts equality (one process pays for torch.testing's imports).
-
-
-def column_parallel_linear(rank, world_size, x, weight_shard, bias_shard):
-    """Reference: this rank holds rows ``weight_shard`` (out/p, in) of W; return the full
-    ``x W^T + b`` (B, out) on every rank."""
-    y_local = F.linear(x, weight_shard, bias_shard)            # (B, out/p): my output features
-    parts = [torch.empty_like(y_local) for _ in range(world_size)]
-    dist.all_gather(parts, y_local)
-    return torch.cat(parts, dim=-1)                             # (B, out), rank order

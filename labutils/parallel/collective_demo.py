@@ -1,0 +1,74 @@
+"""Every collective on real ranks, before and after: what lab 03a draws
+(``labutils.viz.figures.plot_collectives``). Rank ``r`` starts with ``10r, 10r+1, ...``, so each
+result can be checked by eye and by the formulas the notebook asserts.
+
+Eight calls of ``torch.distributed`` (gloo, CPU), plus one ring shift built from send/recv.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from labutils.core.launcher import launch
+from labutils.parallel.collectives import _exchange
+
+COLLECTIVES = ("broadcast", "reduce", "all_reduce", "all_gather", "reduce_scatter", "scatter",
+               "gather", "send_recv")
+
+
+def _show_collective(name, rank, world_size, n):
+    """Run one collective on small integer-valued tensors; return (before, after) on this rank."""
+    x = torch.arange(n, dtype=torch.float32) + 10 * rank  # rank r holds r0, r1, r2, ...
+    before = x.clone()
+    if name == "broadcast":
+        dist.broadcast(x, src=0)
+        after = x
+    elif name == "reduce":
+        dist.reduce(x, dst=0)  # only rank 0's result is defined; gloo leaves the others alone
+        after = x if rank == 0 else before
+    elif name == "all_reduce":
+        dist.all_reduce(x)
+        after = x
+    elif name == "all_gather":
+        before = x[:1].clone()
+        parts = [torch.empty(1) for _ in range(world_size)]
+        dist.all_gather(parts, before)
+        after = torch.cat(parts)
+    elif name == "reduce_scatter":
+        x = torch.arange(world_size, dtype=torch.float32) + 10 * rank
+        before, after = x.clone(), torch.empty(1)
+        dist.reduce_scatter(after, list(x.chunk(world_size)))
+    elif name == "scatter":
+        before = torch.arange(world_size, dtype=torch.float32) if rank == 0 else torch.empty(0)
+        after = torch.empty(1)
+        dist.scatter(after, list(before.chunk(world_size)) if rank == 0 else None, src=0)
+    elif name == "gather":
+        before = x[:1].clone()
+        parts = [torch.empty(1) for _ in range(world_size)] if rank == 0 else None
+        dist.gather(before, parts, dst=0)
+        after = torch.cat(parts) if rank == 0 else torch.empty(0)
+    elif name == "send_recv":  # a ring shift: everyone sends to the right, receives from the left
+        after = torch.empty(n)
+        _exchange(x, (rank + 1) % world_size, after, (rank - 1) % world_size)
+    else:
+        raise ValueError(f"unknown collective {name!r}; use one of {', '.join(COLLECTIVES)}")
+    return before.tolist(), after.tolist()
+
+
+def collectives_worker(rank, world_size, names=COLLECTIVES, n=3):
+    """Every collective in ``names`` on this rank: {name: (before, after)}."""
+    return {name: _show_collective(name, rank, world_size, n) for name in names}
+
+
+def run_collectives(world_size=4, names=COLLECTIVES, n=3):
+    """Run each collective on ``world_size`` real ranks; {name: ([before per rank], [after])}."""
+    unknown = [x for x in names if x not in COLLECTIVES]
+    if unknown:
+        raise ValueError(f"unknown collective(s) {unknown}; use names from {COLLECTIVES}")
+    if world_size < 2:
+        raise ValueError(f"collectives need world_size >= 2 to show anything; got {world_size}")
+    # 4 tiny ranks on 2 cores are fine here: nothing is timed
+    per_rank = launch(collectives_worker, list(names), n, world_size=world_size,
+                      warn_oversubscription=False)
+    return {name: ([r[name][0] for r in per_rank], [r[name][1] for r in per_rank])
+            for name in names}

@@ -1,0 +1,60 @@
+"""labutils.experiments.data_consistency: set_epoch, DDP's buffer broadcast, BatchNorm per rank
+vs synchronised, each against what must hold."""
+import pytest
+import torch
+
+from labutils.experiments import data_consistency as D
+
+pytestmark = pytest.mark.lab03e
+
+
+@pytest.mark.slow
+def test_sampler_without_set_epoch_repeats_its_batches():
+    res = D.sampler_effect(seeds=(0,), epochs=3, batch_size=16)
+    per_epoch = -(-(1437 // 2 + 1437 % 2) // 16)     # 719 indices per rank, in batches of 16
+    assert res[(0, False)]["distinct_batches"] == per_epoch
+    assert res[(0, True)]["distinct_batches"] == 3 * per_epoch
+    for r in res.values():
+        assert len(r["test_loss"]) == 3 and all(0 <= a <= 1 for a in r["test_accuracy"])
+    # the first epoch is the same order either way (set_epoch(0) is the default): same result
+    assert res[(0, False)]["test_loss"][0] == res[(0, True)]["test_loss"][0]
+
+
+@pytest.mark.slow
+def test_broadcast_buffers_copies_rank_0s_statistics():
+    on = D.batchnorm_training(D.BN_MODES[0], epochs=1)
+    off = D.batchnorm_training(D.BN_MODES[1], epochs=1)
+    # with the broadcast every forward starts from rank 0's running statistics ...
+    torch.testing.assert_close(on[0]["running_means"], on[1]["running_means"], rtol=0, atol=0)
+    # ... without it each rank keeps its own shard's, far apart on class-sorted shards
+    assert (off[0]["running_means"] - off[1]["running_means"]).abs().max() > 0.05
+    # rank 0's statistics never see rank 1's data either way: rank 0 ends the same
+    assert on[0]["test_loss"] == pytest.approx(off[0]["test_loss"], rel=1e-5)
+    assert on[0]["steps"] == off[0]["steps"] == 1437 // 2 // 8
+
+
+@pytest.mark.slow
+def test_sync_batchnorm_trains_in_step_on_every_rank():
+    res = D.batchnorm_training("SyncBatchNorm", epochs=1)
+    torch.testing.assert_close(res[0]["running_means"], res[1]["running_means"])
+    assert res[0]["test_loss"] == pytest.approx(res[1]["test_loss"], rel=1e-5)
+    with pytest.raises(ValueError, match="mode"):
+        D.batchnorm_training("sync")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sync", [True, False])
+def test_batchnorm_step_against_the_whole_batch(sync):
+    ranks, ref = D.batchnorm_step(sync, batch=48)
+    out = torch.cat([r["out"] for r in ranks])
+    if sync:
+        torch.testing.assert_close(out, ref["out"])
+        for r in ranks:
+            torch.testing.assert_close(r["running_mean"], ref["running_mean"])
+            torch.testing.assert_close(r["running_var"], ref["running_var"])
+            for g, e in zip(r["grads"], ref["grads"]):
+                torch.testing.assert_close(g, e)
+    else:  # per-rank statistics of class-sorted shards: other outputs, other gradients
+        assert (out - ref["out"]).abs().max() > 0.01
+        w = ranks[0]["grads"][0]
+        assert (w - ref["grads"][0]).norm() > 0.05 * ref["grads"][0].norm()
