@@ -97,11 +97,12 @@ LABS = (
         "image, language and video workloads on 1 and 2 ranks; compute-to-communication "
         "ratio and what it does and does not explain", "1.5", checkers=("shard_batch",)),
     Lab("3.3 Challenges 挑战 (1): communication overhead", "03d_communication_challenges",
-        ("comm_overhead", "collectives", "async_sgd"),
+        ("comm_overhead", "async_sgd"),
         "small messages vs buckets; compression, and when it pays", "1.5",
         checkers=("fp16_mean",)),
     Lab("3.3 Challenges 挑战 (2): consistency and hardware", "03e_consistency_and_hardware",
-        ("data_consistency", "sync_batchnorm", "async_sgd", "memory", "oversubscription"),
+        ("data_consistency", "sync_batchnorm", "async_sgd", "collectives", "memory",
+         "oversubscription"),
         "set_epoch and its effect on training, BatchNorm per rank vs synchronised, "
         "nondeterminism; memory of weights, gradients, optimiser state, activations; "
         "oversubscription", "1.5",

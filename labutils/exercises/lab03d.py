@@ -12,7 +12,8 @@ BIG = 40000.0   # fp16 holds it (max 65504); the sum of two ranks' does not
 def fp16_mean(tensors, world_size):
     """Reference: replace every tensor, in place, by its mean over the ranks, sent as ONE fp16
     all-reduce. Each rank divides by ``world_size`` before the cast, so the sum of the ranks'
-    shares stays within fp16's range (PyTorch's ``fp16_compress_hook`` does the same)."""
+    shares stays within fp16's range (PyTorch's ``fp16_compress_hook`` also divides before the
+    all-reduce, but after the cast, so a value above 65504 already overflows in its cast)."""
     flat = (torch.cat([t.reshape(-1) for t in tensors]) / world_size).to(torch.float16)
     dist.all_reduce(flat)
     for t, part in zip(tensors, flat.split([t.numel() for t in tensors])):

@@ -1,7 +1,8 @@
 """Synchronous vs asynchronous SGD on real ranks: all-reduce SGD, a parameter server, Hogwild.
 
 Used by ``03b_sync_async_sgd`` (sync vs async, stragglers, staleness) and
-``03e_consistency_and_hardware`` (stale updates as a data-inconsistency problem).
+``03d_communication_challenges`` (gradients all-reduced in fp16/bf16) and
+``03e_consistency_and_hardware`` (sync runs bitwise reproducible).
 
 The model is a small MLP on the digits whose parameters live in ONE flat fp32 vector
 (``labutils.parallel.flat_mlp``, re-exported here). Every run returns a history

@@ -3,8 +3,8 @@ messages and bytes, and all-reduce time against message size (every collective d
 ``collective_demo``).
 
 Used by ``03a_parallelism_concepts`` (and its exercise ``check_ring_all_reduce``) and
-``03d_communication_challenges``; ``python -m labutils.bench collectives`` compares the two from-scratch
-all-reduces with gloo's own ``dist.all_reduce``.
+``03e_consistency_and_hardware`` (a distributed sum's order); ``python -m labutils.bench
+collectives`` compares the two from-scratch all-reduces with gloo's own ``dist.all_reduce``.
 
 Both all-reduces behave like ``dist.all_reduce(tensor, group=group)``: in place, sum, any world
 size, any tensor length (also shorter than, or not divisible by, the world size). A third,

@@ -11,8 +11,9 @@ A linear layer ``Y = X W^T + b`` is split across the ``tp_world_size`` ranks of 
 
 Column then row (MLP: fc1, fc2; attention: qkv, proj) needs one all-reduce forward and one
 backward per block, and no communication in between (the paper's figure 3): a transformer layer
-(attention, then MLP) makes four, each on the critical path, because the very next operation
-needs its result.
+(attention, then MLP) makes four, each on the critical path here, because the very next
+operation needs its result (Megatron-LM hides f's backward all-reduce behind the
+weight-gradient matmul; see 06b section 6).
 """
 from __future__ import annotations
 
