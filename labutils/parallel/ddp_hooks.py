@@ -29,7 +29,11 @@ def bf16_allreduce_hook(group, bucket):
 
 
 class AllReduceBytes:
-    """``with counter:`` counts the bytes this rank hands to ``dist.all_reduce`` inside it."""
+    """``with counter:`` counts the bytes this rank hands to ``dist.all_reduce`` inside it.
+
+        Why not ``core.commcount.count_collectives``: a dispatch mode is thread-local, and
+    PowerSGD's hook issues two of its three all-reduces from futures' callbacks, which usually
+    run on gloo's thread; replacing ``dist.all_reduce`` itself sees every thread's calls."""
 
     def __init__(self):
         self.nbytes, self.calls = 0, 0
