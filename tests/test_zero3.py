@@ -13,13 +13,14 @@ import torch.nn.functional as F
 
 import labutils as lu
 from labutils.core.commcount import count_collectives
-from labutils.data.models import Block, CharGPT
+from labutils.data.models import Block
+from labutils.experiments.zero_components import STEPS, adamw, gpt_problem
 from labutils.parallel.zero3 import Zero3Module
 from labutils.parallel.zero_optimizer import clip_grad_norm_
 
 pytestmark = pytest.mark.lab06c
 
-VOCAB, T, BATCH, STEPS = 13, 8, 6, 3
+
 EVERY_UNIT = {Block, nn.Embedding, nn.Linear}
 # bf16 weights and activations (8 significant bits) against fp32 on one process: the looser
 # bound. A weight moves about lr = 1e-2 per AdamW step; after 3 steps the largest difference
@@ -27,18 +28,9 @@ EVERY_UNIT = {Block, nn.Embedding, nn.Linear}
 BF16 = dict(atol=5e-2, rtol=5e-2)
 
 
-def _problem(seed=0):
-    torch.manual_seed(seed)
-    model = CharGPT(VOCAB, block_size=T, n_embd=16, n_head=2, n_layer=2)
-    model.head.weight = model.tok_emb.weight  # tied, as GPT-2's lm head
-    g = torch.Generator().manual_seed(seed + 1)
-    x = torch.randint(VOCAB, (STEPS, BATCH, T), generator=g)
-    y = torch.randint(VOCAB, (STEPS, BATCH, T), generator=g)
-    return model, x, y
+# the lab's problem: a 2-block CharGPT with its head tied to the token embedding, and AdamW
+_problem, _opt = gpt_problem, adamw
 
-
-def _opt(params):
-    return torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1)
 
 
 def _train(model, opt, x, y, rank=0, world_size=1, clip=None, norms=None):
