@@ -14,7 +14,7 @@ NBVAL := --nbval --nbval-current-env --nbval-cell-timeout=600 --nbval-sanitize-w
 TORCH ?= cpu
 TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 
-.PHONY: lab test test-fast test-notebooks test-portable bench gpu-check venv clean
+.PHONY: lab test test-fast test-notebooks test-portable bench gpu-check venv clean zh
 
 venv: $(STAMP)
 
@@ -41,16 +41,44 @@ endif
 	@cp requirements.txt $(STAMP)
 
 # JupyterLab on 127.0.0.1 only; the token is kept (it is printed in the log with the URL).
-lab: $(STAMP)
-	$(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1 --no-browser --ServerApp.root_dir=notebooks \
-		$$( [ "$$(id -u)" = 0 ] && echo --allow-root )
+# `make lab LANG=zh` opens the Chinese edition (notebooks/zh/) with JupyterLab's interface in
+# Chinese. LANG is normally the locale (C.UTF-8, en_US.UTF-8), so only a value that starts with
+# "zh" selects the Chinese edition; `LANG=zh` itself is no locale, so Jupyter then gets C.UTF-8
+# (a real one such as zh_CN.UTF-8 is kept). The interface language comes from a settings folder
+# for this launch only (JUPYTERLAB_SETTINGS_DIR, under .venv/ so that what JupyterLab saves there
+# stays out of the repository), holding the translation setting {"locale": "zh_CN"} copied from
+# translations/zh/jupyterlab-settings/; the language pack is in requirements.txt. `make lab`
+# without it stays English and reads the user's own settings.
+ifneq ($(filter zh%,$(LANG)),)
+LAB_DIR := notebooks/zh
+LAB_ENV := LANG=$(if $(filter zh,$(LANG)),C.UTF-8,$(LANG)) JUPYTERLAB_SETTINGS_DIR=$(CURDIR)/$(VENV)/jupyterlab-settings-zh
+else
+LAB_DIR := notebooks
+LAB_ENV :=
+endif
+ZH_SETTINGS := translations/zh/jupyterlab-settings/@jupyterlab/translation-extension
 
-# Unit and multi-process tests, then every notebook under nbval. CI (.ci/run) also runs
-# test-portable.
+lab: $(STAMP)
+ifneq ($(filter zh%,$(LANG)),)
+	@mkdir -p $(VENV)/jupyterlab-settings-zh/@jupyterlab/translation-extension
+	@cp $(ZH_SETTINGS)/plugin.jupyterlab-settings \
+		$(VENV)/jupyterlab-settings-zh/@jupyterlab/translation-extension/
+endif
+	$(LAB_ENV) $(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1 --no-browser \
+		--ServerApp.root_dir=$(LAB_DIR) $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
+
+# The Chinese edition: notebooks/zh/ built from the English labs and translations/zh/ (the
+# catalogs; tools/zh_catalog.py), then executed. Run it after changing a lab or a translation.
+zh: $(STAMP)
+	$(PY) tools/zh_catalog.py execute
+
+# Unit and multi-process tests, then every notebook under nbval, the Chinese edition
+# (notebooks/zh/) included: named explicitly, though pytest would also find it recursively.
+# CI (.ci/run) also runs test-portable.
 test: $(STAMP)
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest tests
-	$(PY) -m pytest $(NBVAL) notebooks
+	$(PY) -m pytest $(NBVAL) notebooks/*.ipynb notebooks/zh/*.ipynb
 
 # No process started (enforced by tests/conftest.py), under a minute.
 test-fast: $(STAMP)
@@ -58,15 +86,18 @@ test-fast: $(STAMP)
 	$(PY) -m pytest tests -m "not slow and not browser"
 
 test-notebooks: $(STAMP)
-	$(PY) -m pytest $(NBVAL) notebooks
+	$(PY) -m pytest $(NBVAL) notebooks/*.ipynb notebooks/zh/*.ipynb
 
 # The stored outputs must reproduce on any x86-64 CPU and thread count: nbval with PyTorch's
 # scalar kernels, with its AVX2 kernels (whatever this CPU has), and with one thread per rank
-# (and in the kernel).
+# (and in the kernel). The Chinese notebooks run only in the first pass: their code is token for
+# token the English code (tools/zh_catalog.py checks it; only comments and printed strings
+# differ), which the other two passes already run, so that once is the portability check of
+# their own outputs, within CI's time.
 test-portable: $(STAMP)
-	ATEN_CPU_CAPABILITY=default $(PY) -m pytest $(NBVAL) notebooks
-	ATEN_CPU_CAPABILITY=avx2 $(PY) -m pytest $(NBVAL) notebooks
-	OMP_NUM_THREADS=1 $(PY) -m pytest $(NBVAL) notebooks
+	ATEN_CPU_CAPABILITY=default $(PY) -m pytest $(NBVAL) notebooks/*.ipynb notebooks/zh/*.ipynb
+	ATEN_CPU_CAPABILITY=avx2 $(PY) -m pytest $(NBVAL) --ignore=notebooks/zh notebooks
+	OMP_NUM_THREADS=1 $(PY) -m pytest $(NBVAL) --ignore=notebooks/zh notebooks
 
 bench: $(STAMP)
 	$(PY) -m labutils.bench all

@@ -18,13 +18,15 @@ from labutils.core.errors import (
     LaunchTimeout,
     WorkerError,
 )
+from labutils.core.i18n import language, set_language
 from labutils.core.job import stop_all
 from labutils.core.launcher import launch
 from labutils.core.rank import progress
 
 __version__ = "0.2.0"
 __all__ = ["LaunchInterrupted", "LaunchStopped", "LaunchTimeout", "WorkerError", "launch",
-           "stop_all", "progress", "show_source", "show_solution", "course"]
+           "stop_all", "progress", "show_source", "show_solution", "course", "set_language",
+           "language"]
 
 # Ranks fork from a server that has imported the modules of the lower layers once.
 _forkserver.set_preload(course.rank_modules())

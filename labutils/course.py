@@ -152,11 +152,22 @@ LABS = (
         "ZeRO formula per stage; checkpointing and bf16 "
         "timed with spread; a 2-D mesh; an interleaved optimisation walk-through", "1.5",
         checkers=("zero1_step",), benchmarks=("zero",)),
+    Lab("6 Sequence, context and expert parallelism 实践", "06d_sequence_context_expert",
+        ("sequence_parallel", "sp_equivalence", "sp_memory", "online_softmax", "ring_attention",
+         "ring_timing", "ulysses", "ulysses_equivalence", "moe_router", "moe", "moe_dispatch",
+         "long_context"),
+        "Megatron sequence parallelism (same bytes as TP, activation memory counted against the "
+        "formula), ring attention with online softmax, zig-zag balance and a measured overlap "
+        "timeline, Ulysses all-to-all attention, expert parallelism for a mixture-of-experts "
+        "layer with capacity and dropped slots counted: each checked equal to one process "
+        "(outputs and every gradient) on 2, 3 and 4 ranks", "0.5",
+        checkers=("merge_attention_blocks", "dispatch_indices")),
     Lab("Conclusion and outlook 结论与展望", "07_conclusion_outlook",
-        ("costmodel", "allreduce_fit", "emulated_ddp", "planspec", "planner", "published"),
+        ("costmodel", "allreduce_fit", "emulated_ddp", "planspec", "plan_memory", "planner",
+         "long_context", "published"),
         "the cost model fitted here, tested on held-out all-reduces and real DDP steps (an "
         "emulated link only checks the emulator); a planner (GQA, SwiGLU, interleaving, sequence "
-        "and context parallelism, selective recomputation) tested on published runs it was not "
+        "and context parallelism, expert parallelism, selective recomputation) tested on published runs it was not "
         "fitted to, against a baseline, and extrapolated term by term to 4,096 GPUs", "1.5",
         checkers=("ring_allreduce_time", "zero_memory_per_gpu")),
 )

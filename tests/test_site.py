@@ -4,7 +4,9 @@ are shown without re-execution and panels become a note, only the course map's l
 and a place in the lab bar (in the map's order; a stray Untitled.ipynb gets neither), formulas
 become MathML and no page loads anything from the internet; on the real repository, every lab
 of the map has a page, no other notebook does, the site is offline and every local link and
-anchor on every page resolves. tests/test_site_browser.py looks at the pages in Chromium."""
+anchor on every page resolves; both editions (the Chinese labs of notebooks/zh/ under zh/, a
+Chinese index from README.md's 中文版 section) with a language switch that resolves both ways.
+tests/test_site_browser.py looks at the pages in Chromium."""
 import importlib.util
 import re
 import subprocess
@@ -112,6 +114,13 @@ def broken_links(site):
                     not {parts.fragment, unquote(parts.fragment)} & pages[target].anchors:
                 broken.append(f"{page.relative_to(site.resolve())}: {url} (no such anchor)")
     return broken
+
+
+def switch(page):
+    """The href of a page's language switch (``<a class="lu-lang">``), or None."""
+    found = re.search(r'<a class="lu-lang" hreflang="[^"]*" href="([^"]*)">',
+                      page.read_text(encoding="utf-8"))
+    return found.group(1) if found else None
 
 
 def code_cell(source, outputs):
@@ -269,6 +278,53 @@ def test_the_offline_check_finds_what_a_cdn_page_loads():
         "css http://example.org/bg.png"])
 
 
+def add_chinese_edition(repo):
+    """A Chinese 01_a (02_b not translated) and README.md's Chinese section."""
+    (repo / "notebooks" / "zh").mkdir()
+    a = nbformat.v4.new_notebook()
+    a.cells = [nbformat.v4.new_markdown_cell("# 实验 A\n\n代码：[ring](../../pkg/ring.py)"),
+               code_cell("panel", [nbformat.v4.new_output(
+                   "display_data", data={"text/plain": "Panel('Ring')",
+                                         "application/vnd.jupyter.widget-view+json":
+                                             {"model_id": "abc", "version_major": 2,
+                                              "version_minor": 0}})])]
+    nbformat.write(a, repo / "notebooks" / "zh" / "01_a.ipynb")
+    readme = (repo / "README.md").read_text()
+    (repo / "README.md").write_text(readme.replace(
+        "\nSee the", "\n## 中文版\n\n中文说明：`make lab LANG=zh`，从 [01_a](notebooks/zh/01_a.ipynb) "
+        "开始。\n\n## More\n\nSee the"))
+
+
+def test_both_editions_with_a_language_switch_both_ways(tiny_repo, tmp_path):
+    add_chinese_edition(tiny_repo)
+    site = tmp_path / "site"
+    problems = load_tool().build_site(tiny_repo, site)
+    assert problems == ["notebooks/01_a.ipynb: link to missing.ipynb (no such file in the "
+                        "repository)"]
+    assert broken_links(site) == ["notebooks/01_a.html: missing.ipynb"]
+    assert offline_problems(site) == []
+    assert sorted(p.name for p in (site / "zh" / "notebooks").glob("*")) == ["01_a.html"]
+
+    # Lab page <-> the same lab in the other edition; no switch where there is no translation.
+    assert switch(site / "notebooks" / "01_a.html") == "../zh/notebooks/01_a.html"
+    assert switch(site / "zh" / "notebooks" / "01_a.html") == "../../notebooks/01_a.html"
+    assert switch(site / "notebooks" / "02_b.html") is None
+    assert switch(site / "index.html") == "zh/index.html"
+    assert switch(site / "zh" / "index.html") == "../index.html"
+
+    zh_a = site / "zh" / "notebooks" / "01_a.html"
+    assert lab_bar(zh_a) == [("../index.html", "课程地图")]  # the only Chinese lab
+    text = zh_a.read_text(encoding="utf-8")
+    assert '<html lang="zh-CN">' in text and "make lab LANG=zh" in text  # the panel's note
+    assert "../../pkg/ring.py" in parse(zh_a).links
+
+    index = (site / "zh" / "index.html").read_text(encoding="utf-8")
+    assert "中文说明" in index and "See the" not in index  # README's section, not the rest
+    assert "实验 A" in index  # the lab's Chinese title, in the course map's order
+    assert "notebooks/01_a.html" in parse(site / "zh" / "index.html").links
+    assert "zh/notebooks/01_a.html" in parse(site / "index.html").links
+
+
 @pytest.mark.slow
 def test_cli_fails_on_a_broken_link(tiny_repo, tmp_path):
     run = subprocess.run([sys.executable, str(TOOL), "--root", str(tiny_repo), "--out",
@@ -293,6 +349,14 @@ def test_course_site_has_every_lab_of_the_map_and_no_broken_link(tmp_path):
         assert bar == ["../index.html"] + [f"{n}.html" for n in labs[max(i - 1, 0):i + 2]
                                            if n != name]
     assert offline_problems(site) == []
+    zh_labs = [name for name in labs if (ROOT / "notebooks" / "zh" / f"{name}.ipynb").exists()]
+    assert zh_labs == labs, "every lab has its Chinese edition (make zh)"
+    assert sorted(p.stem for p in (site / "zh" / "notebooks").glob("*.html")) == sorted(labs)
+    for name in labs:  # the language switch, both ways
+        assert switch(site / "notebooks" / f"{name}.html") == f"../zh/notebooks/{name}.html"
+        assert switch(site / "zh" / "notebooks" / f"{name}.html") == f"../../notebooks/{name}.html"
+    assert switch(site / "index.html") == "zh/index.html"
+    assert switch(site / "zh" / "index.html") == "../index.html"
     lab02 = (site / "notebooks" / "02_pytorch_essentials.html").read_text(encoding="utf-8")
     assert "<math" in lab02 and "\\varepsilon" not in lab02
     assert (site / "index.html").is_file()

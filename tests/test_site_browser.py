@@ -2,8 +2,9 @@
 from this repository is served on 127.0.0.1 and opened in Debian's headless Chromium (driven by
 Playwright) with every request to another host aborted. Lab 02's formula must be drawn (MathML,
 laid out, no TeX source left in the text) and the Chinese chapter titles must be drawn with
-real glyphs, not the empty boxes a system without a CJK font shows. Screenshots of the formula
-and of the titles are saved under the test's tmp_path.
+real glyphs, not the empty boxes a system without a CJK font shows. The Chinese edition (zh/) is
+reached through a lab's language switch and back, and its text is drawn with glyphs too.
+Screenshots of the formula and of the titles are saved under the test's tmp_path.
 
 `make test` installs /usr/bin/chromium and a Chinese font (mk/ui.mk) first; Playwright never
 downloads a browser. Without Chromium the tests fail and say how to install it, unless
@@ -124,4 +125,36 @@ def test_chinese_title_is_drawn_with_glyphs(page, site_url, tmp_path, name):
     fonts = subprocess.run(["fc-list", ":lang=zh", "family"], capture_output=True, text=True,
                            timeout=60).stdout.strip() if shutil.which("fc-list") else ""
     assert fonts, "glyphs drawn, yet fc-list :lang=zh lists no Chinese font"
+    assert page.blocked == [], f"the page tried to load from the internet: {page.blocked}"
+
+
+def assert_drawn_with_glyphs(page, element, what):
+    chars = sorted(set(CJK.findall(element.inner_text())))
+    assert chars, f"{what} has no Chinese characters to check"
+    boxes = page.evaluate(DRAWN_AS_BOX, [element.element_handle(), chars])
+    assert boxes == [], f"{''.join(boxes)} in {what} drawn as missing-glyph boxes: no Chinese font"
+
+
+def test_language_switch_goes_both_ways_and_chinese_is_drawn(page, site_url, tmp_path):
+    """The Chinese edition (zh/): from an English lab its switch leads to the same lab in
+    Chinese, whose title, bar and prose are drawn with glyphs, and back; the Chinese index too."""
+    name = "03d_communication_challenges"
+    page.goto(f"{site_url}notebooks/{name}.html", wait_until="load")
+    page.locator("a.lu-lang").click()
+    page.wait_for_url(f"**/zh/notebooks/{name}.html")
+    assert page.locator("html").get_attribute("lang") == "zh-CN"
+    assert_drawn_with_glyphs(page, page.locator("h1").first, f"zh/{name}'s title")
+    assert_drawn_with_glyphs(page, page.locator("nav.lu-nav a").first, "the Chinese lab bar")
+    language_cell = page.locator(".jp-CodeCell", has_text="set_language").first
+    assert_drawn_with_glyphs(page, language_cell, "the language cell's comment")
+    page.screenshot(path=str(tmp_path / f"zh-{name}.png"))
+    page.locator("a.lu-lang").click()
+    page.wait_for_url(f"**/notebooks/{name}.html")
+    assert "/zh/" not in page.url
+
+    page.goto(f"{site_url}zh/index.html", wait_until="load")
+    assert_drawn_with_glyphs(page, page.locator("h1").first, "the Chinese index's title")
+    assert page.locator("table a").count() >= 1  # the course map's labs
+    page.locator("a.lu-lang").click()
+    page.wait_for_url(site_url + "index.html")
     assert page.blocked == [], f"the page tried to load from the internet: {page.blocked}"

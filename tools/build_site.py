@@ -12,6 +12,12 @@ page, in the map's order: a stray ``Untitled.ipynb`` gets neither a page nor a p
 Knob panels cannot run in a static page: their output becomes a note saying to open the lab in
 JupyterLab.
 
+Both editions: the Chinese labs (``notebooks/zh/NN_name.ipynb``, built by tools/zh_catalog.py)
+become ``zh/notebooks/NN_name.html``, with a Chinese bar, and ``zh/index.html`` is made from
+README.md's Chinese section (``## 中文版``) and the course map (each lab's Chinese title). Every
+lab page and both indexes carry a language switch (``<a class="lu-lang">``) to the same page in
+the other edition, where it exists.
+
 The site works offline (a classroom without Wi-Fi): formulas are turned into MathML here, which
 the browser draws itself, so no page loads MathJax, require.js or anything else from the
 internet. Tested by ``tests/test_site.py`` (pages, links, offline) and
@@ -48,6 +54,7 @@ body.lu-page { max-width: 60rem; margin: 2rem auto; padding: 0 1rem;
 .lu-page pre { background: #f5f5f5; padding: 0.6rem; overflow-x: auto; }
 .lu-nav { display: flex; gap: 1.5rem; padding: 0.5rem 1rem; background: #f0f4f8;
   border-bottom: 1px solid #ccd; font-family: system-ui, sans-serif; }
+.lu-lang { margin-left: auto; }
 .lu-static-panel { border: 1px dashed #99a; padding: 0.4rem 0.8rem; color: #445; }
 math[display="block"] { margin: 0.6rem 0; }
 """
@@ -60,6 +67,16 @@ _TEMPLATE = """{%- extends "index.html.j2" -%}
 {%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
 """
 _UNKNOWN_TEX = re.compile(r">(\\[A-Za-z]+)<")  # latex2mathml passes unknown commands through
+ZH_SECTION = "## 中文版"
+# The words of the page furniture, per edition.
+_WORDS = {
+    "en": {"map": "Course map", "switch": "中文", "switch_lang": "zh-CN",
+           "panel": "Interactive {name}: open this lab in JupyterLab (<code>make lab</code>) to "
+                    "use it."},
+    "zh": {"map": "课程地图", "switch": "English", "switch_lang": "en",
+           "panel": "交互式 {name}：在 JupyterLab 中打开本实验（<code>make lab LANG=zh</code>）"
+                    "即可使用。"},
+}
 
 
 def course_labs(root: Path):
@@ -140,8 +157,12 @@ class SiteBuilder:
         self.root, self.out = root.resolve(), out.resolve()
         # The map's labs that are written, in its order; anything else in notebooks/ (an
         # Untitled.ipynb, a scratch copy) is no lab: no page, no place in the previous/next bar.
+        names = course_labs(self.root)
         self.notebooks = [path for path in (self.root / "notebooks" / f"{name}.ipynb"
-                                            for name in course_labs(self.root)) if path.exists()]
+                                            for name in names) if path.exists()]
+        # The Chinese edition: the map's labs that notebooks/zh/ holds, in the map's order.
+        self.zh_notebooks = [path for path in (self.root / "notebooks" / "zh" / f"{name}.ipynb"
+                                               for name in names) if path.exists()]
         self.pending_md: list[Path] = []
         self.done_md: set[Path] = set()
         self.problems: list[str] = []
@@ -152,6 +173,8 @@ class SiteBuilder:
         rel = source.relative_to(self.root)
         if source == self.root / "README.md":
             return self.out / "index.html"
+        if source in self.zh_notebooks:
+            return self.out / "zh" / "notebooks" / f"{source.stem}.html"
         if source.suffix in (".ipynb", ".md"):
             return self.out / rel.with_suffix(".html")
         return self.out / rel
@@ -172,7 +195,7 @@ class SiteBuilder:
                 self.problems.append(f"{source.relative_to(self.root)}: link to folder {url}")
                 return url
             target = readme
-        if target.suffix == ".ipynb" and target not in self.notebooks:
+        if target.suffix == ".ipynb" and target not in self.notebooks + self.zh_notebooks:
             self.problems.append(f"{source.relative_to(self.root)}: link to {url} "
                                  f"(only the course map's labs become pages)")
             return url
@@ -191,19 +214,42 @@ class SiteBuilder:
             self._rewrite(source, page, html.unescape(m.group(2))), quote=True) + m.group(3), text)
 
     # -- pages -----------------------------------------------------------------------------
-    def _nav(self, page: Path, index: int) -> str:
+    def index_of(self, lang: str) -> Path:
+        return self.out / "index.html" if lang == "en" else self.out / "zh" / "index.html"
+
+    def counterpart(self, source: Path) -> Path | None:
+        """The page of the same lab (or index) in the other edition, where it exists."""
+        if source == self.root / "README.md":
+            return self.index_of("zh") if self.zh_notebooks else None
+        if source == self.index_of("zh"):
+            return self.index_of("en")
+        if source in self.zh_notebooks:
+            return next((self.page_of(en) for en in self.notebooks if en.name == source.name), None)
+        return next((self.page_of(zh) for zh in self.zh_notebooks if zh.name == source.name), None)
+
+    def _switch(self, page: Path, source: Path, lang: str) -> str:
+        """The language switch link, or nothing where the other edition has no such page."""
+        other = self.counterpart(source)
+        if other is None:
+            return ""
+        words = _WORDS[lang]
+        return (f'<a class="lu-lang" hreflang="{words["switch_lang"]}" '
+                f'href="{os.path.relpath(other, page.parent)}">{words["switch"]}</a>')
+
+    def _nav(self, page: Path, index: int, lang: str = "en") -> str:
+        labs = self.notebooks if lang == "en" else self.zh_notebooks
+
         def link(target, text):
             return f'<a href="{os.path.relpath(target, page.parent)}">{html.escape(text)}</a>'
-        items = [link(self.out / "index.html", "Course map")]
+        items = [link(self.index_of(lang), _WORDS[lang]["map"])]
         if index > 0:
-            items.append(link(self.page_of(self.notebooks[index - 1]),
-                              "← " + self.notebooks[index - 1].stem))
-        if index + 1 < len(self.notebooks):
-            items.append(link(self.page_of(self.notebooks[index + 1]),
-                              self.notebooks[index + 1].stem + " →"))
-        return f'<nav class="lu-nav">{" ".join(items)}</nav>'
+            items.append(link(self.page_of(labs[index - 1]), "← " + labs[index - 1].stem))
+        if index + 1 < len(labs):
+            items.append(link(self.page_of(labs[index + 1]), labs[index + 1].stem + " →"))
+        items.append(self._switch(page, labs[index], lang))
+        return f'<nav class="lu-nav">{" ".join(item for item in items if item)}</nav>'
 
-    def _static_panels(self, nb, where):
+    def _static_panels(self, nb, where, lang="en"):
         """Widget outputs (knob panels) need a kernel: show a note instead. A LaTeX output
         (``display(Math(...))``) gets its MathML as HTML, which the template prefers."""
         nb = copy.deepcopy(nb)
@@ -220,22 +266,24 @@ class SiteBuilder:
                 if WIDGET_VIEW in data:
                     name = html.escape(data.get("text/plain", "widget"))
                     output["data"] = {"text/html": (
-                        f'<div class="lu-static-panel">Interactive {name}: open this lab in '
-                        f"JupyterLab (<code>make lab</code>) to use it.</div>"),
+                        f'<div class="lu-static-panel">'
+                        f'{_WORDS[lang]["panel"].format(name=name)}</div>'),
                         "text/plain": data.get("text/plain", "")}
         return nb
 
-    def build_notebook(self, index: int):
-        source = self.notebooks[index]
+    def build_notebook(self, index: int, lang: str = "en"):
+        source = (self.notebooks if lang == "en" else self.zh_notebooks)[index]
         page = self.page_of(source)
         where = str(source.relative_to(self.root))
-        nb = self._static_panels(nbformat.read(source, as_version=4), where)
+        nb = self._static_panels(nbformat.read(source, as_version=4), where, lang)
         exporter = _OfflineExporter(where, self.problems)
         body, _ = exporter.from_notebook_node(
             nb, resources={"metadata": {"name": source.stem, "path": str(source.parent)}})
         body = self._rewrite_links(source, page, body)
-        body = re.sub(r"(<body[^>]*>)", lambda m: m.group(1) + self._nav(page, index),
+        body = re.sub(r"(<body[^>]*>)", lambda m: m.group(1) + self._nav(page, index, lang),
                       body, count=1)
+        if lang == "zh":  # the browser picks Chinese fonts and line breaking by the page's lang
+            body = re.sub(r"<html[^>]*>", '<html lang="zh-CN">', body, count=1)
         body = body.replace("</head>", f"<style>{_STYLE}</style></head>", 1)
         page.parent.mkdir(parents=True, exist_ok=True)
         page.write_text(body, encoding="utf-8")
@@ -247,13 +295,49 @@ class SiteBuilder:
         body = self._rewrite_links(source, page, render(text))
         title = next((line.lstrip("# ").strip() for line in text.splitlines()
                       if line.startswith("# ")), source.stem)
-        nav = ("" if page == self.out / "index.html" else
+        nav = (f'<nav class="lu-nav">{self._switch(page, source, "en")}</nav>'
+               if page == self.out / "index.html" else
                f'<nav class="lu-nav"><a href="{os.path.relpath(self.out / "index.html", page.parent)}">'
                f"Course map</a></nav>")
+        self._write_page(page, title, nav, body, "en")
+
+    def _write_page(self, page: Path, title: str, nav: str, body: str, lang: str):
         page.parent.mkdir(parents=True, exist_ok=True)
-        page.write_text(f'<!DOCTYPE html>\n<html><head><meta charset="utf-8">'
+        page.write_text(f'<!DOCTYPE html>\n<html lang="{"en" if lang == "en" else "zh-CN"}">'
+                        f'<head><meta charset="utf-8">'
                         f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head>"
                         f'<body class="lu-page">{nav}{body}</body></html>\n', encoding="utf-8")
+
+    def zh_index_markdown(self) -> str:
+        """README.md's Chinese section, then the course map's Chinese labs with their titles
+        (each Chinese notebook's first heading), links written from the repository root."""
+        text = (self.root / "README.md").read_text(encoding="utf-8")
+        lines, section = text.splitlines(), []
+        if ZH_SECTION in lines:
+            start = lines.index(ZH_SECTION)
+            end = next((i for i in range(start + 1, len(lines))
+                        if lines[i].startswith("## ")), len(lines))
+            section = lines[start + 1:end]
+        else:
+            self.problems.append(f"README.md: no '{ZH_SECTION}' section for the Chinese index")
+        rows = ["| 实验 | 标题 |", "|---|---|"]
+        for path in self.zh_notebooks:
+            cells = nbformat.read(path, as_version=4).cells
+            first = cells[0].source if cells else ""
+            title = next((ln.lstrip("# ").strip() for ln in first.splitlines()
+                          if ln.startswith("# ")), path.stem)
+            rows.append(f"| [{path.stem}](notebooks/zh/{path.name}) | "
+                        f"{title.replace('|', '&#124;')} |")
+        return "\n".join(["# PyTorch 分布式训练与模型并行化实践（中文版）", "", *section, "",
+                          "## 实验（课程地图）", "", *rows, ""])
+
+    def build_zh_index(self):
+        page = self.index_of("zh")
+        render = mistune.create_markdown(escape=False, plugins=["table", "strikethrough", "url"])
+        # Links are written from the repository root, as in README.md.
+        body = self._rewrite_links(self.root / "README.md", page, render(self.zh_index_markdown()))
+        nav = f'<nav class="lu-nav">{self._switch(page, page, "zh")}</nav>'
+        self._write_page(page, "PyTorch 分布式训练与模型并行化实践（中文版）", nav, body, "zh")
 
     def build(self):
         if self.out.exists():
@@ -264,6 +348,10 @@ class SiteBuilder:
         self.pending_md.append(readme)
         for index in range(len(self.notebooks)):
             self.build_notebook(index)
+        for index in range(len(self.zh_notebooks)):
+            self.build_notebook(index, "zh")
+        if self.zh_notebooks:
+            self.build_zh_index()
         while self.pending_md:  # README, then the .md files pages link to
             self.build_markdown(self.pending_md.pop(0))
         return self.problems

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import psutil
 
+from labutils.core.i18n import tr
+
 # The repository: notebooks/, data/ (the data that ships) and labutils/ below it.
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -28,15 +30,18 @@ class EnvReport:
     recommended_world_sizes: tuple = field(default=())
 
     def lines(self):
-        gpus = ", ".join(self.gpus) if self.gpus else "none"
-        backends = ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in self.backends.items())
-        return [f"cores (usable): {self.cores}",
-                f"memory: {self.memory_gb:.1f} GB",
-                f"GPUs: {gpus}",
-                f"backends: {backends}",
+        gpus = ", ".join(self.gpus) if self.gpus else tr("none")
+        backends = ", ".join(f"{k} {tr('yes') if v else tr('no')}"
+                             for k, v in self.backends.items())
+        sizes = ", ".join(map(str, self.recommended_world_sizes))
+        per = (tr("one rank per core or GPU; more ranks share cores") if self.gpus else
+               tr("one rank per core; more ranks share cores"))
+        return [tr("cores (usable): {cores}", cores=self.cores),
+                tr("memory: {gb:.1f} GB", gb=self.memory_gb),
+                tr("GPUs: {gpus}", gpus=gpus),
+                tr("backends: {backends}", backends=backends),
                 f"torch {self.torch_version}, Python {self.python_version}, {self.system}",
-                f"recommended world sizes: {', '.join(map(str, self.recommended_world_sizes))}"
-                f" (one rank per core{' or GPU' if self.gpus else ''}; more ranks share cores)"]
+                tr("recommended world sizes: {sizes} ({per})", sizes=sizes, per=per)]
 
     def __str__(self):
         return "\n".join(self.lines())

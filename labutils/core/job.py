@@ -18,8 +18,9 @@ from datetime import timedelta
 
 import cloudpickle
 
-from labutils.core.errors import STOPPED, LaunchStopped, LaunchTimeout, WorkerError
+from labutils.core.errors import LaunchStopped, LaunchTimeout, WorkerError
 from labutils.core.forkserver import warmup
+from labutils.core.i18n import tr
 from labutils.core.rank import _local, _worker
 from labutils.core.stacks import _describe_exit, _main_stack, _summarise_stack
 
@@ -127,7 +128,7 @@ class _Job:
 
     def run(self):
         if self._stopping():  # Stop pressed before this launch began: start nothing
-            raise LaunchStopped(STOPPED)
+            raise LaunchStopped(tr("stopped: every rank was ended"))
         ctx = warmup()
         store = _loopback_store(self.timeout)
         prefix = "lu-" + secrets.token_hex(8)  # a job nobody else can join by accident
@@ -193,7 +194,7 @@ class _Job:
                 raise WorkerError(f"rank {rank}: {name}: {msg}", rank=rank, exitcode=1,
                                   remote_traceback=tb)
             if self._stopping() or self.interrupted:
-                raise LaunchStopped(STOPPED)
+                raise LaunchStopped(tr("stopped: every rank was ended"))
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise self._timeout_error([r for r in range(self.world_size)

@@ -32,7 +32,8 @@ import time
 import warnings
 
 from labutils.core.env import cpu_count
-from labutils.core.errors import STOPPED, LaunchInterrupted, LaunchStopped
+from labutils.core.errors import LaunchInterrupted, LaunchStopped
+from labutils.core.i18n import tr
 from labutils.core.job import _Job
 
 BACKENDS = ("auto", "gloo", "nccl")
@@ -112,9 +113,9 @@ def launch(fn, *args, world_size=2, backend="auto", timeout=120.0, threads_per_r
     backend = resolve_backend(backend, world_size)
     cores = cpu_count()
     if warn_oversubscription and world_size > cores:
-        warnings.warn(f"{world_size} ranks on {cores} cores: ranks will share cores "
-                      f"(oversubscription), so timings will be slower than with "
-                      f"{cores} ranks", stacklevel=2)
+        warnings.warn(tr("{world_size} ranks on {cores} cores: ranks will share cores "
+                         "(oversubscription), so timings will be slower than with {cores} "
+                         "ranks", world_size=world_size, cores=cores), stacklevel=2)
     threads = threads_per_rank or _env_threads() or max(1, cores // world_size)
     job = _Job(fn, args, kwargs, world_size, backend, float(timeout), threads)
     in_cell = threading.current_thread() is threading.main_thread() and job.sink is None
@@ -122,10 +123,10 @@ def launch(fn, *args, world_size=2, backend="auto", timeout=120.0, threads_per_r
         return job.run()
     except KeyboardInterrupt:
         # every rank has been ended by now (run's finally); one line, not the launcher's frames
-        raise LaunchInterrupted(STOPPED) from None
+        raise LaunchInterrupted(tr("stopped: every rank was ended")) from None
     except LaunchStopped:
         if in_cell and job.interrupted:   # the ranks saw the interrupt before this thread did
-            raise LaunchInterrupted(STOPPED) from None
+            raise LaunchInterrupted(tr("stopped: every rank was ended")) from None
         raise
 
 

@@ -1,21 +1,25 @@
 """Stacks and exit codes of ranks, in words: a hung rank's faulthandler dump reduced to the
-frames of its main thread, and a signal number turned into its name."""
+frames of its main thread, and a signal number turned into its name. The words are composed in
+the launching process (``core.job``), which knows the notebook's language."""
 import os
 import re
 import signal
 import sys
 
+from labutils.core.i18n import tr
+
 
 def _describe_exit(rank, code):
     if code is None:
-        return f"rank {rank}: process ended without an exit status"
+        return tr("rank {rank}: process ended without an exit status", rank=rank)
     if code < 0:
         try:
             name = signal.Signals(-code).name
         except ValueError:
             name = str(-code)
-        return f"rank {rank}: process killed by signal {name}"
-    return f"rank {rank}: process exited with code {code} without returning a result"
+        return tr("rank {rank}: process killed by signal {name}", rank=rank, name=name)
+    return tr("rank {rank}: process exited with code {code} without returning a result",
+              rank=rank, code=code)
 
 
 _THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-f]+) \(most recent call first\)")
@@ -41,7 +45,7 @@ def _main_stack(text):
 def _summarise_stack(frames):
     """'waiting in dist.recv, line 12 of fn' from the innermost frames."""
     if not frames:
-        return "no Python stack could be read"
+        return tr("no Python stack could be read")
     here = os.path.dirname(os.path.abspath(__file__))
     machinery = tuple(os.path.join(here, name) for name in ("launcher.py", "rank.py"))
     user = next(((f, n, fn) for f, n, fn in frames
@@ -50,11 +54,11 @@ def _summarise_stack(frames):
                  and not f.startswith(machinery)), None)
     inner_file, _, inner_fn = frames[0]
     if os.path.join("torch", "distributed") in inner_file:
-        what = f"waiting in dist.{inner_fn}"
+        what = tr("waiting in dist.{fn}", fn=inner_fn)
     elif user is not None and frames[0] == user:
-        what = "running"
+        what = tr("running")
     else:
-        what = f"in {inner_fn}"
+        what = tr("in {fn}", fn=inner_fn)
     if user is not None:
-        return f"{what}, line {user[1]} of {user[2]}"
+        return tr("{what}, line {line} of {fn}", what=what, line=user[1], fn=user[2])
     return what

@@ -10,6 +10,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
+from labutils.core.i18n import tr
 from labutils.core.rank import progress
 
 
@@ -44,15 +45,16 @@ class Stats:
         return self.fmt()
 
 
-def versus(a, b, less="faster than", more="slower than"):
-    """How ``a`` compares with ``b``, in words the data can back: ``less`` only when a's whole
-    range (min-max) lies below b's, ``more`` only when it lies above; overlapping ranges are
-    "not measurably different from"."""
+def versus(a, b, less=None, more=None):
+    """How ``a`` compares with ``b``, in words the data can back: ``less`` (default "faster
+    than") only when a's whole range (min-max) lies below b's, ``more`` (default "slower than")
+    only when it lies above; overlapping ranges are "not measurably different from". The
+    default words follow ``set_language``; words a notebook passes are used as given."""
     if a.max < b.min:
-        return less
+        return tr("faster than") if less is None else less
     if a.min > b.max:
-        return more
-    return "not measurably different from"
+        return tr("slower than") if more is None else more
+    return tr("not measurably different from")
 
 
 def slowest(per_rank):

@@ -25,10 +25,14 @@ all-gather     (p-1) a + (p-1)/p n b                          L a + (p-1)/p n b
                                                             tree (via a root): 2 L a + (L + (p-1)/p) n b
 broadcast      (L + p-1) a + 2(p-1)/p n b (scatter+ring)    tree / recursive_doubling: L (a + n b)
                                                             halving_doubling: 2 L a + 2(p-1)/p n b
+all-to-all     (p-1) a + (p-1)/p n b (pairwise exchange)    recursive_doubling (Bruck): L a + L/2 n b
 send/recv      a + n b                                      (same)
 =============  ==========================================  ====================================
 
-with p = world_size, L = ceil(log2 p). Every collective costs 0 when p = 1.
+with p = world_size, L = ceil(log2 p). Every collective costs 0 when p = 1. For all-to-all,
+``nbytes`` is one rank's whole send buffer (its own 1/p included); "ring" names the pairwise
+exchange (p-1 rounds, one block of n/p to one peer each; Thakur et al. 2005, section 4.5) and
+Bruck et al. (1997) the log-round variant.
 
 Emulated links (``emulate``, ``emulated_allreduce_hook``) live in ``labutils.parallel.emulation``.
 """
@@ -73,6 +77,11 @@ def _terms(op, world_size, algorithm, nbytes=0):
     elif op == "broadcast":
         table = {"ring": (L + p - 1, 2 * share), "tree": (L, L),
                  "recursive_doubling": (L, L), "halving_doubling": (2 * L, 2 * share)}
+    elif op == "all_to_all":
+        table = {"ring": (p - 1, share), "recursive_doubling": (L, L / 2)}
+        if algorithm not in table:
+            raise ValueError(f"all-to-all is modelled as 'ring' (pairwise exchange) or "
+                             f"'recursive_doubling' (Bruck); got {algorithm!r}")
     elif op == "send_recv":
         one = np.ones_like(p)
         return one, one
@@ -108,6 +117,11 @@ def broadcast_time(nbytes, world_size, alpha, beta, algorithm="ring"):
     return _time("broadcast", nbytes, world_size, alpha, beta, algorithm)
 
 
+def all_to_all_time(nbytes, world_size, alpha, beta, algorithm="ring"):
+    """Seconds for an all-to-all in which each rank sends ``nbytes`` (1/p to each rank)."""
+    return _time("all_to_all", nbytes, world_size, alpha, beta, algorithm)
+
+
 def send_recv_time(nbytes, world_size, alpha, beta, algorithm="ring"):
     """Seconds for one point-to-point message of ``nbytes``: alpha + n beta (any world size)."""
     return _time("send_recv", nbytes, np.maximum(2, world_size), alpha, beta, algorithm)
@@ -115,7 +129,8 @@ def send_recv_time(nbytes, world_size, alpha, beta, algorithm="ring"):
 
 COLLECTIVES = {"allreduce": allreduce_time, "all_reduce": allreduce_time,
                "reduce_scatter": reduce_scatter_time, "all_gather": all_gather_time,
-               "broadcast": broadcast_time, "send_recv": send_recv_time}
+               "broadcast": broadcast_time, "all_to_all": all_to_all_time,
+               "send_recv": send_recv_time}
 
 
 def collective_time(op, nbytes, world_size, alpha, beta, algorithm="ring"):

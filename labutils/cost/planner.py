@@ -8,11 +8,12 @@ runs in ``labutils.cost.published``. What it plans for (``Transformer``, ``Hardw
 bandwidth) plus the communication on its critical path (tensor-parallel
 all-reduces, or with sequence parallelism the reduce-scatters and all-gathers that move the
 same bytes; pipeline messages; the part of ring attention's K/V transfer that outlasts the
-attention it hides behind). The 1F1B schedule runs m such slots plus (p-1)/v of fill and drain,
+attention it hides behind, or Ulysses' all-to-alls; expert parallelism's all-to-alls; all from
+``labutils.cost.long_context``). The 1F1B schedule runs m such slots plus (p-1)/v of fill and drain,
 so the bubble share is (p-1)/(v m + p - 1); then the data-parallel gradient traffic that
 backward does not hide is added (ZeRO-2/3 per micro-batch). Memory is the busiest pipeline
-rank's model states (ZeRO) plus activations (Korthikanti et al. 2022, generalised to any FFN
-width and KV heads), the first rank's embedding, the last rank's fp32 logits, and with
+rank's model states (ZeRO) plus activations (``labutils.cost.plan_memory``: Korthikanti et
+al. 2022, generalised to any FFN width, KV heads and experts), the first rank's embedding, the last rank's fp32 logits, and with
 recomputation one layer's full working set.
 
 Two FLOP conventions: ``Prediction.tflops_per_gpu`` counts model FLOPs (3 x the forward;
@@ -25,6 +26,14 @@ import itertools
 from dataclasses import dataclass, field
 
 from labutils.cost import costmodel as cm
+from labutils.cost import long_context as lc
+from labutils.cost.plan_memory import (  # noqa: F401
+    layer_activation_bytes,
+    memory_per_gpu,
+    memory_per_stage,
+    stage_expert_params,
+    stage_params,
+)
 from labutils.cost.planspec import (  # noqa: F401
     A100_EFFICIENCY,
     HARDWARE,
@@ -37,6 +46,10 @@ from labutils.cost.planspec import (  # noqa: F401
     zero_memory_per_gpu,
 )
 from labutils.cost.step_time import StepTime, _overlapped
+
+# the memory model moved to plan_memory; these names stay for code that used them here
+_layer_activation_bytes, _memory_per_stage, _stage_params = (layer_activation_bytes,
+                                                             memory_per_stage, stage_params)
 
 
 def _check_layout(model, layout, batch_size):
@@ -62,6 +75,22 @@ def _check_layout(model, layout, batch_size):
     if model.seq_len % L.context_parallel:
         raise ValueError(f"context_parallel={L.context_parallel} must divide "
                          f"seq_len={model.seq_len}")
+    if L.sequence_parallel and L.tp == 1:
+        raise ValueError("sequence_parallel splits the tensor-parallel group's LayerNorm and "
+                         "dropout work: set tp > 1, or sequence_parallel=False")
+    if L.context_algorithm not in ("ring", "ulysses"):
+        raise ValueError(f"context_algorithm must be 'ring' or 'ulysses'; got "
+                         f"{L.context_algorithm!r}")
+    if L.context_algorithm == "ulysses":
+        lc.ulysses_kv_heads(model.num_heads // L.tp, 1, L.context_parallel)
+    if L.expert_parallel < 1 or L.expert_parallel > 1 and model.num_experts == 1:
+        raise ValueError(f"expert_parallel={L.expert_parallel} needs a mixture-of-experts "
+                         f"model (Transformer(num_experts=...)) and must be >= 1; use 1 for a "
+                         f"dense model")
+    if model.num_experts % L.expert_parallel or (L.dp * L.context_parallel) % L.expert_parallel:
+        raise ValueError(f"expert_parallel={L.expert_parallel} must divide num_experts="
+                         f"{model.num_experts} and dp x context_parallel = "
+                         f"{L.dp * L.context_parallel} (its ranks come from that group)")
     if batch_size % (L.dp * L.micro_batch):
         raise ValueError(f"batch_size={batch_size} must be a multiple of dp x micro_batch = "
                          f"{L.dp * L.micro_batch}")
@@ -70,74 +99,6 @@ def _check_layout(model, layout, batch_size):
         raise ValueError(f"the interleaved schedule needs the micro-batches per pipeline "
                          f"({m}) to be a multiple of pp={L.pp}")
     return stages, m
-
-
-def _stage_params(model, layout, stages):
-    """Parameters held by each pipeline rank (one TP shard): its layers; the embeddings on the
-    first; the final LayerNorm and the output matrix (or, with pp > 1, a tied copy) on the last."""
-    t, last = layout.tp, len(stages) - 1
-    out = []
-    for i, n in enumerate(stages):
-        p = n * model.layer_params / t
-        if i == 0:
-            p += model.embedding_params / t
-        if i == last:
-            p += 2 * model.hidden
-            if not model.tied_embeddings or last > 0:
-                p += model.vocab * model.hidden / t
-        out.append(p)
-    return out
-
-
-def _layer_activation_bytes(model, layout, mode, bytes_per_value=2):
-    """Bytes one layer keeps for backward per micro-batch (Korthikanti et al. 2022, Table 2,
-    with any FFN width ``f`` and KV width ``kv``): 10sbh outside the tensor-parallel region
-    (LayerNorm, attention and MLP inputs, two dropout masks: split t ways only with sequence
-    parallelism), 4sbh + 4sb kv + 4sbf (6sbf gated) inside it, and 5 a s^2 b of attention
-    scores (dropped by selective recomputation). Full recomputation keeps only the input."""
-    t, sp = layout.tp, layout.sequence_parallel and layout.tp > 1
-    s_local, s = model.seq_len // layout.context_parallel, model.seq_len
-    b, h, a = layout.micro_batch, model.hidden, model.num_heads
-    if mode == "full":
-        return bytes_per_value * s_local * b * h / (t if sp else 1)
-    outside = 10 * s_local * b * h / (t if sp else 1)
-    inside = (4 * h + 4 * model.kv_hidden + (6 if model.gated_mlp else 4) * model.ffn) \
-        * s_local * b / t
-    scores = 5 * a * s_local * s * b / t if mode == "none" else 0
-    return outside + inside + scores
-
-
-def _memory_per_stage(model, layout, mode, stages, m, bytes_per_value=2):
-    L = layout
-    sp = L.sequence_parallel and L.tp > 1
-    s_local, b, h = model.seq_len // L.context_parallel, L.micro_batch, model.hidden
-    per_layer = _layer_activation_bytes(model, layout, mode, bytes_per_value)
-    # what recomputation re-materialises for the layer in backward: all of it ("full"), or
-    # only its attention scores ("selective")
-    full_layer = _layer_activation_bytes(model, layout, "none")
-    working = {"none": 0.0, "full": full_layer,
-               "selective": full_layer - _layer_activation_bytes(model, layout, "selective")}[mode]
-    interleave = 1 + (L.pp - 1) / (L.pp * L.virtual_stages) if L.virtual_stages > 1 else 1.0
-    out = []
-    for i, (n, params) in enumerate(zip(stages, _stage_params(model, layout, stages))):
-        in_flight = min(L.pp - i, m) * interleave       # 1F1B: rank i holds p - i micro-batches
-        acts = n * per_layer * in_flight + working
-        if i == 0:   # the embedding's dropout mask, for each micro-batch in flight
-            acts += s_local * b * h / (L.tp if sp else 1) * in_flight
-        if i == L.pp - 1:   # fp32 logits for the loss, vocabulary split over TP ranks
-            acts += 4 * s_local * b * model.vocab / L.tp
-        out.append(zero_memory_per_gpu(params, L.dp * L.context_parallel, L.zero) + acts)
-    return out
-
-
-def memory_per_gpu(model, layout, recompute=True, bytes_per_value=2, batch_size=None):
-    """Bytes on the busiest GPU: model states (ZeRO over dp x context_parallel) plus
-    activations. ``batch_size`` (default: enough micro-batches to fill the pipeline) sets how
-    many micro-batches a rank can hold."""
-    stages = layout.layers_per_stage(model.num_layers)
-    m = layout.pp if batch_size is None else batch_size // (layout.dp * layout.micro_batch)
-    return max(_memory_per_stage(model, layout, recompute_mode(recompute), stages, max(m, 1),
-                                 bytes_per_value))
 
 
 @dataclass(frozen=True)
@@ -207,41 +168,65 @@ def predict(model, layout, batch_size, hardware, efficiency=None, recompute=True
     # adds): each activation byte a layer stores is written and read in the forward pass, read
     # with its gradient coming in and going out in backward: about 5 bytes of HBM traffic
     # (an estimate from that count, not a fit); a full recomputation repeats the forward's 2
-    traffic = (5 + (2 if mode == "full" else 0)) * _layer_activation_bytes(model, layout, "none")
+    traffic = (5 + (2 if mode == "full" else 0)) * layer_activation_bytes(model, layout, "none")
     elementwise = traffic / hw.hbm_bandwidth
     layer += elementwise
     act = 2 * tokens * model.hidden                          # bf16 activations, bytes
-    link = _link(hw, tp)
-    tp_comm = ((6 if mode == "full" else 4) * cm.allreduce_time(act, tp, link.alpha, link.beta)
-               if tp > 1 else 0.0)
+    link, full = _link(hw, tp), mode == "full"
+    if tp == 1:
+        tp_comm = 0.0
+    elif L.sequence_parallel:   # reduce-scatter + all-gather pairs: a ring all-reduce's bytes
+        tp_comm = lc.sequence_parallel_time(tokens, 1, model.hidden, tp, link.alpha, link.beta,
+                                            recompute=full)
+    else:
+        tp_comm = (6 if full else 4) * cm.allreduce_time(act, tp, link.alpha, link.beta)
     cp_comm = cp_exposed = 0.0
-    if cp > 1:   # K and V blocks: cp-1 hops forward, K/V and their gradients back in backward
-        link = _link(hw, tp * cp)
-        hops = (cp - 1) * (4 if mode == "full" else 3)
-        cp_comm = hops * cm.send_recv_time(4 * tokens * model.kv_hidden / tp, 2, link.alpha,
-                                           link.beta)
-        cp_exposed = max(0.0, cp_comm - (4 if mode == "full" else 3) * attn_fwd / speed)
+    link = _link(hw, tp * cp)
+    if cp > 1 and L.context_algorithm == "ring":   # hidden behind each block's attention
+        cp_comm, cp_exposed = lc.ring_attention_time(
+            model.seq_len, L.micro_batch, model.hidden / tp, cp, link.alpha, link.beta, speed,
+            model.kv_hidden / tp, recompute=full)
+    elif cp > 1:   # Ulysses: K/V heads repeated up to a multiple of cp, as ulysses_kv_heads says
+        kv = lc.ulysses_kv_heads(model.num_heads // tp, (model.num_kv_heads or model.num_heads)
+                                 // tp, cp) * (model.hidden // model.num_heads)
+        cp_comm = cp_exposed = lc.ulysses_time(model.seq_len, L.micro_batch, model.hidden / tp,
+                                               cp, link.alpha, link.beta, kv, recompute=full)
+    ep_comm = 0.0
+    if model.num_experts > 1 and L.expert_parallel > 1:   # each TP rank dispatches 1/tp
+        link = _link(hw, tp * cp * L.expert_parallel)
+        ep_comm = lc.expert_all_to_all_time(tokens / tp, model.hidden, L.expert_parallel,
+                                            link.alpha, link.beta, model.top_k,
+                                            model.capacity_factor, recompute=full)
+    per_layer = tp_comm + cp_exposed + ep_comm              # on the critical path
     work = [n * layer + (logits if i == pp - 1 else 0.0) for i, n in enumerate(stages)]
-    slow = max(range(pp), key=lambda i: work[i] + stages[i] * (tp_comm + cp_exposed))
+    slow = max(range(pp), key=lambda i: work[i] + stages[i] * per_layer)
     link = _link(hw, tp * cp * pp)
     pp_comm = (2 * v * cm.send_recv_time(act / tp, 2, link.alpha, link.beta) if pp > 1 else 0.0)
-    slot_comm = stages[slow] * (tp_comm + cp_exposed) + pp_comm
+    slot_comm = stages[slow] * per_layer + pp_comm
     slot = work[slow] + slot_comm
     bubble = (pp - 1) * slot / v
     n_gpus = L.world_size
     dp_link = hw.intra if n_gpus <= hw.gpus_per_node else _dp_network(hw, tp * pp)
-    dp_comm = _dp_comm(max(_stage_params(model, layout, stages)), L.dp * cp, L.zero, m, dp_link)
+    params = stage_params(model, layout, stages)
+    if model.num_experts == 1:
+        dp_comm = _dp_comm(max(params), L.dp * cp, L.zero, m, dp_link)
+    else:   # expert gradients are reduced only over the ranks that hold the same experts
+        big = max(range(pp), key=params.__getitem__)
+        experts = stage_expert_params(model, layout, stages)[big]
+        dp_comm = (_dp_comm(params[big] - experts, L.dp * cp, L.zero, m, dp_link)
+                   + _dp_comm(experts, L.dp * cp // L.expert_parallel, L.zero, m, dp_link))
     dp_exposed = _overlapped(m * work[slow], dp_comm, dp_overlap)
-    step = StepTime(m * work[slow], m * (stages[slow] * (tp_comm + cp_comm) + pp_comm)
+    step = StepTime(m * work[slow], m * (stages[slow] * (tp_comm + cp_comm + ep_comm) + pp_comm)
                        + dp_comm, m * slot_comm + dp_exposed, bubble)
     terms = {"compute": m * (work[slow] - stages[slow] * elementwise),
              "memory-bound ops": m * stages[slow] * elementwise, "bubble": bubble,
              "tensor parallel": m * stages[slow] * tp_comm,
              "context parallel": m * stages[slow] * cp_exposed,
+             "expert parallel": m * stages[slow] * ep_comm,
              "pipeline messages": m * pp_comm, "data parallel": dp_exposed}
     return Prediction(
         layout, step, model.iteration_flops(batch_size, "none") / (n_gpus * step.total),
-        max(_memory_per_stage(model, layout, mode, stages, m)),
+        max(memory_per_stage(model, layout, mode, stages, m)),
         model.iteration_flops(batch_size, mode) / (n_gpus * step.total), mode,
         bubble / (m * slot + bubble), terms)
 
@@ -269,12 +254,13 @@ def calibrate(model, layout, batch_size, hardware, measured_flops_per_gpu, conve
 
 def search(model, num_gpus, batch_size, hardware, efficiency=None, recompute=None, top=10,
            zero_stages=(0, 1, 2, 3), micro_batches=(1, 2, 4, 8), virtual_stages=(1, 2, 4),
-           sequence_parallel=(False, True), context_parallel=(1,), dp_overlap=0.0):
+           sequence_parallel=(False, True), context_parallel=(1,), dp_overlap=0.0,
+           context_algorithms=("ring",), expert_parallel=(1,)):
     """Feasible layouts for ``num_gpus``, fastest (model FLOP/s) first: a list of
     ``Prediction``. Tries every TP that divides the heads (within a node), every pipeline depth
     that divides the GPUs (stages may hold unequal numbers of layers), interleaving, sequence
     parallelism, ZeRO, micro-batch sizes and, unless ``recompute`` is given, all three
-    recomputation modes."""
+    recomputation modes; context and expert parallelism only at the degrees given."""
     hw = get_hardware(hardware)
     modes = RECOMPUTE if recompute is None else (recompute_mode(recompute),)
     tps = [t for t in range(1, hw.gpus_per_node + 1) if model.num_heads % t == 0
@@ -285,11 +271,12 @@ def search(model, num_gpus, batch_size, hardware, efficiency=None, recompute=Non
             if num_gpus % (tp * cp * pp):
                 continue
             dp = num_gpus // (tp * cp * pp)
-            for zero, mb, v, sp, mode in itertools.product(
-                    zero_stages, micro_batches, virtual_stages, sequence_parallel, modes):
+            for zero, mb, v, sp, mode, algo, ep in itertools.product(
+                    zero_stages, micro_batches, virtual_stages, sequence_parallel, modes,
+                    context_algorithms, expert_parallel):
                 if (zero and dp * cp == 1) or (v > 1 and pp == 1) or (sp and tp == 1):
                     continue
-                layout = Layout(dp, tp, pp, zero, mb, v, sp, cp)
+                layout = Layout(dp, tp, pp, zero, mb, v, sp, cp, None, algo, ep)
                 try:
                     pred = predict(model, layout, batch_size, hw, efficiency, mode, dp_overlap)
                 except ValueError:      # a combination that this batch or model cannot take

@@ -43,7 +43,11 @@ class Transformer:
     per layer two LayerNorms (weight and bias), Q/K/V and output projections with biases,
     an MLP with biases (``gated_mlp``: gate, up and down projections, as SwiGLU); a final
     LayerNorm; logits through the embedding (``tied_embeddings``) or their own matrix.
-    ``ffn_hidden`` defaults to 4 x hidden, ``num_kv_heads`` to ``num_heads`` (no GQA)."""
+    ``ffn_hidden`` defaults to 4 x hidden, ``num_kv_heads`` to ``num_heads`` (no GQA).
+    ``num_experts > 1`` makes every MLP a mixture of experts (GShard/Switch/Mixtral): that many
+    MLPs and a bias-free router (h x E); each token runs ``top_k`` of them, and an expert takes
+    at most ``capacity_factor`` x its even share of the tokens (the all-to-alls carry that
+    padded size; the FLOPs count only the routed tokens)."""
     num_layers: int
     hidden: int
     num_heads: int
@@ -53,6 +57,9 @@ class Transformer:
     num_kv_heads: int | None = None
     tied_embeddings: bool = True
     gated_mlp: bool = False
+    num_experts: int = 1
+    top_k: int = 1
+    capacity_factor: float = 1.0
 
     @property
     def ffn(self):
@@ -68,7 +75,17 @@ class Transformer:
         h, f, kv = self.hidden, self.ffn, self.kv_hidden
         attention = h * (h + 2 * kv) + (h + 2 * kv) + h * h + h
         mlp = 3 * h * f + 2 * f + h if self.gated_mlp else 2 * h * f + f + h
+        if self.num_experts > 1:
+            mlp = self.num_experts * mlp + h * self.num_experts     # experts + router
         return attention + mlp + 4 * h                      # + two LayerNorms
+
+    @property
+    def expert_params(self):
+        """Parameters of one layer's experts (0 for a dense model): what EP shards."""
+        if self.num_experts == 1:
+            return 0
+        h, f = self.hidden, self.ffn
+        return self.num_experts * (3 * h * f + 2 * f + h if self.gated_mlp else 2 * h * f + f + h)
 
     @property
     def embedding_params(self):
@@ -85,6 +102,8 @@ class Transformer:
         matmuls, 2 FLOPs per multiply-add (attention scores and values included, dense)."""
         h, f, kv, s = self.hidden, self.ffn, self.kv_hidden, seq_len or self.seq_len
         mlp = (3 if self.gated_mlp else 2) * 2 * tokens * h * f
+        if self.num_experts > 1:     # each token through top_k experts, plus the router
+            mlp = self.top_k * mlp + 2 * tokens * h * self.num_experts
         return 2 * tokens * h * (h + 2 * kv) + 2 * tokens * h * h + mlp + self.attention_flops(
             tokens, s)
 
@@ -173,7 +192,10 @@ class Layout:
     size; ``virtual_stages`` model chunks per pipeline rank (interleaved 1F1B);
     ``sequence_parallel`` (Megatron: LayerNorm and dropout activations split over TP ranks);
     ``stage_layers``: layers per pipeline rank (default: as even as possible, the first ranks
-    taking the remainder)."""
+    taking the remainder); ``context_algorithm``: how the ``context_parallel`` ranks attend,
+    "ring" (ring attention) or "ulysses" (DeepSpeed-Ulysses all-to-alls);
+    ``expert_parallel``: ranks that share one layer's experts, carved out of the
+    dp x context_parallel ranks (as Megatron-Core does), so the GPU count does not change."""
     dp: int = 1
     tp: int = 1
     pp: int = 1
@@ -183,6 +205,16 @@ class Layout:
     sequence_parallel: bool = False
     context_parallel: int = 1
     stage_layers: tuple | None = None
+    context_algorithm: str = "ring"
+    expert_parallel: int = 1
+
+    @property
+    def cp(self):
+        return self.context_parallel
+
+    @property
+    def ep(self):
+        return self.expert_parallel
 
     @property
     def world_size(self):

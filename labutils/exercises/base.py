@@ -29,10 +29,21 @@ from dataclasses import dataclass, field
 import torch
 
 from labutils.core.errors import LaunchTimeout, WorkerError
+from labutils.core.i18n import language, set_language, tr
 from labutils.core.launcher import launch
 
-FILL_ME_IN = "fill in the lines marked # FILL ME IN"
+FILL_ME_IN = "fill in the lines marked # FILL ME IN"   # English; messages use fill_me_in()
 _RESERVED = {"world_size", "backend", "timeout", "threads_per_rank", "warn_oversubscription"}
+
+
+def fill_me_in():
+    """What to do with an unfilled stub, in the current language."""
+    return tr("fill in the lines marked # FILL ME IN")
+
+
+def not_implemented(name):
+    """The message of a check whose function still raises NotImplementedError."""
+    return tr("[to do] {name}: not implemented yet; {todo}", name=name, todo=fill_me_in())
 
 
 # ----------------------------------------------------------------------------------------
@@ -58,7 +69,7 @@ def _expected_got(expected, got):
         e, g = _num(expected, digits), _num(got, digits)
         if e != g:
             break
-    return f"expected {e}, got {g}"
+    return tr("expected {e}, got {g}", e=e, g=g)
 
 
 def _short(x, limit=60):
@@ -68,11 +79,13 @@ def _short(x, limit=60):
 
 def _kind(x):
     if isinstance(x, torch.Tensor):
-        return f"a tensor of shape {list(x.shape)}"
+        return tr("a tensor of shape {shape}", shape=list(x.shape))
     if x is None:
         return "None"
     if isinstance(x, (list, tuple, dict)):
-        return f"a {type(x).__name__} of {len(x)} item{'s' * (len(x) != 1)}"
+        if len(x) == 1:
+            return tr("a {type} of 1 item", type=type(x).__name__)
+        return tr("a {type} of {n} items", type=type(x).__name__, n=len(x))
     return f"{type(x).__name__} {_short(x)}"
 
 
@@ -83,9 +96,9 @@ def _is_number(x):
 
 def _tensor_difference(expected, got, atol, rtol):
     if list(expected.shape) != list(got.shape):
-        return f"shape: expected {list(expected.shape)}, got {list(got.shape)}"
+        return tr("shape: expected {e}, got {g}", e=list(expected.shape), g=list(got.shape))
     if expected.dtype != got.dtype:
-        return f"dtype: expected {expected.dtype}, got {got.dtype}"
+        return tr("dtype: expected {e}, got {g}", e=expected.dtype, g=got.dtype)
     e, g = expected.detach().cpu(), got.detach().cpu()
     if e.is_floating_point() or e.is_complex():
         same = torch.isclose(g, e, rtol=rtol, atol=atol, equal_nan=True)
@@ -94,10 +107,11 @@ def _tensor_difference(expected, got, atol, rtol):
     if bool(same.all()):
         return None
     if e.dim() == 0:
-        return f"value: {_expected_got(e.item(), g.item())}"
+        return tr("value: {diff}", diff=_expected_got(e.item(), g.item()))
     index = [int(i) for i in (~same).nonzero()[0]]
     where = tuple(index)
-    return f"element {index}: {_expected_got(e[where].item(), g[where].item())}"
+    return tr("element {index}: {diff}", index=index,
+              diff=_expected_got(e[where].item(), g[where].item()))
 
 
 def first_difference(expected, got, *, atol=1e-5, rtol=1e-4):
@@ -109,43 +123,43 @@ def first_difference(expected, got, *, atol=1e-5, rtol=1e-4):
             got = torch.as_tensor(got)
     if isinstance(expected, torch.Tensor):
         if not isinstance(got, torch.Tensor):
-            return f"expected {_kind(expected)}, got {_kind(got)}"
+            return tr("expected {e}, got {g}", e=_kind(expected), g=_kind(got))
         return _tensor_difference(expected, got, atol, rtol)
     if isinstance(expected, dict):
         if not isinstance(got, dict):
-            return f"expected {_kind(expected)}, got {_kind(got)}"
+            return tr("expected {e}, got {g}", e=_kind(expected), g=_kind(got))
         missing = [k for k in expected if k not in got]
         if missing:
-            return f"missing key {missing[0]!r}"
+            return tr("missing key {key!r}", key=missing[0])
         extra = [k for k in got if k not in expected]
         if extra:
-            return f"unexpected key {extra[0]!r}"
+            return tr("unexpected key {key!r}", key=extra[0])
         for key in expected:
             diff = first_difference(expected[key], got[key], atol=atol, rtol=rtol)
             if diff is not None:
-                return f"key {key!r}: {diff}"
+                return tr("key {key!r}: {diff}", key=key, diff=diff)
         return None
     if isinstance(expected, (list, tuple)):
         if not isinstance(got, (list, tuple)):
-            return f"expected {_kind(expected)}, got {_kind(got)}"
+            return tr("expected {e}, got {g}", e=_kind(expected), g=_kind(got))
         if len(expected) != len(got):
-            return f"length: expected {len(expected)} items, got {len(got)}"
+            return tr("length: expected {e} items, got {g}", e=len(expected), g=len(got))
         for i, (e, g) in enumerate(zip(expected, got)):
             diff = first_difference(e, g, atol=atol, rtol=rtol)
             if diff is not None:
-                return f"item {i}: {diff}"
+                return tr("item {i}: {diff}", i=i, diff=diff)
         return None
     if _is_number(expected) and not isinstance(expected, bool):
         if isinstance(got, torch.Tensor) and got.dim() == 0:
             got = got.item()
         if not _is_number(got) or isinstance(got, bool):
-            return f"expected a number ({_num(expected)}), got {_kind(got)}"
+            return tr("expected a number ({e}), got {g}", e=_num(expected), g=_kind(got))
         e, g = float(expected), float(got)
         if (math.isnan(e) and math.isnan(g)) or abs(g - e) <= atol + rtol * abs(e):
             return None
         return _expected_got(expected, got)
     if expected != got:
-        return f"expected {_short(expected)}, got {_short(got)}"
+        return tr("expected {e}, got {g}", e=_short(expected), g=_short(got))
     return None
 
 
@@ -188,9 +202,9 @@ def _describe_case(case):
 
 def _validate(name, learner_fn, harness, cases):
     if not callable(learner_fn):
-        raise TypeError(f"check_{name} needs your function itself, e.g. "
-                        f"lu.check_{name}(my_{name}) (no parentheses after it); got "
-                        f"{type(learner_fn).__name__}")
+        raise TypeError(tr("check_{name} needs your function itself, e.g. "
+                           "lu.check_{name}(my_{name}) (no parentheses after it); got {type}",
+                           name=name, type=type(learner_fn).__name__))
     if not callable(harness):
         raise TypeError(f"harness must be a function harness(rank, world_size, learner_fn, "
                         f"**case); got {type(harness).__name__}")
@@ -211,15 +225,23 @@ def _describe_error(e):
     text = "\n".join(lines[:6]) + ("\n..." if len(lines) > 6 else "")
     m = re.match(r"rank (\d+): (\w+(?:\.\w+)*): (.*)\Z", text, re.S)
     if m:
-        return f"rank {m.group(1)} raised {m.group(2)}: {m.group(3)}"
+        return tr("rank {rank} raised {error}: {message}", rank=m.group(1), error=m.group(2),
+                  message=m.group(3))
     m = re.match(r"rank (\d+): (\w+(?:\.\w+)*)\Z", text)
     if m:
-        return f"rank {m.group(1)} raised {m.group(2)}"
+        return tr("rank {rank} raised {error}", rank=m.group(1), error=m.group(2))
     return text
 
 
 def _not_implemented(e):
     return re.match(r"rank \d+: NotImplementedError\b", str(e)) is not None
+
+
+def _in_language(rank, world_size, lang, harness, learner_fn, **case):
+    """A harness on a rank, writing its words in the caller's language: the rank forked from a
+    forkserver started before the notebook's ``set_language``, so the language comes along."""
+    set_language(lang)
+    return harness(rank, world_size, learner_fn, **case)
 
 
 def run_check(name, learner_fn, harness, cases, *, timeout=20.0, atol=1e-5, rtol=1e-4):
@@ -230,25 +252,33 @@ def run_check(name, learner_fn, harness, cases, *, timeout=20.0, atol=1e-5, rtol
     total = len(cases)
     for number, case in enumerate(cases, 1):
         kwargs = {k: v for k, v in case.items() if k != "world_size"}
-        where = f"[wrong] {name}: case {number} of {total} ({_describe_case(case)})"
+        where = tr("[wrong] {name}: case {number} of {total} ({case})", name=name,
+                   number=number, total=total, case=_describe_case(case))
         try:
             # 4 ranks on a 2-core laptop are fine for a correctness check; the warning would
             # also put the machine's core count into the notebook's output.
-            pairs = launch(harness, learner_fn, world_size=case["world_size"], timeout=timeout,
+            pairs = launch(_in_language, language(), harness, learner_fn,
+                           world_size=case["world_size"], timeout=timeout,
                            threads_per_rank=1, warn_oversubscription=False, **kwargs)
         except LaunchTimeout as e:
             stuck = str(e).split("still running: ", 1)[-1]
-            return CheckResult(False, f"{where}: did not finish in {timeout:g} s "
-                                      f"(deadlock?): {stuck}", case)
+            return CheckResult(False, tr("{where}: did not finish in {timeout:g} s "
+                                         "(deadlock?): {stuck}", where=where, timeout=timeout,
+                                         stuck=stuck), case)
         except WorkerError as e:
             if _not_implemented(e):
-                return CheckResult(False, f"[to do] {name}: not implemented yet; {FILL_ME_IN}", case)
+                return CheckResult(False, not_implemented(name), case)
             return CheckResult(False, f"{where}: {_describe_error(e)}", case)
         for rank, (expected, got) in enumerate(pairs):
             diff = first_difference(expected, got, atol=atol, rtol=rtol)
             if diff is not None:
-                return CheckResult(False, f"{where}: rank {rank}, {diff}", case)
-    sizes = sorted({case["world_size"] for case in cases})
-    return CheckResult(True, f"[ok] {name}: {total} case{'s' * (total != 1)} passed "
-                             f"(world size{'s' * (len(sizes) != 1)} "
-                             f"{', '.join(map(str, sizes))})")
+                return CheckResult(False, tr("{where}: rank {rank}, {diff}", where=where,
+                                             rank=rank, diff=diff), case)
+    sizes = ", ".join(map(str, sorted({case["world_size"] for case in cases})))
+    cases_passed = (tr("1 case passed") if total == 1 else
+                    tr("{total} cases passed", total=total))
+    if "," in sizes:
+        return CheckResult(True, tr("[ok] {name}: {passed} (world sizes {sizes})", name=name,
+                                    passed=cases_passed, sizes=sizes))
+    return CheckResult(True, tr("[ok] {name}: {passed} (world size {sizes})", name=name,
+                                passed=cases_passed, sizes=sizes))

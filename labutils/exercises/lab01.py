@@ -6,8 +6,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
+from labutils.core.i18n import tr
 from labutils.data.models import mlp
-from labutils.exercises.base import FILL_ME_IN, CheckResult, make_cases, run_check
+from labutils.exercises.base import CheckResult, make_cases, not_implemented, run_check
 
 # ---- exercise 1: every rank ends with the elementwise maximum --------------------------------
 
@@ -25,28 +26,32 @@ def max_allreduce(rank, world_size):
     return t
 
 
-MAX = "the elementwise max over all ranks"
+def _max():
+    return tr("the elementwise max over all ranks")
 
 
 def _what(t, rank, world_size):
     """Name what a rank's tensor holds, so a wrong answer hears what it did instead (each name
     stays under 60 characters: the checker's message prints it whole)."""
     every = torch.stack([start(r, world_size) for r in range(world_size)])
-    named = ((every.max(0).values, MAX),
-             (every.sum(0), "the sum: all_reduce sums unless op=ReduceOp.MAX"),
-             (start(rank, world_size), "its own start: no collective changed it"),
-             (every.min(0).values, "the min over all ranks (ReduceOp.MIN)"))
+    named = ((every.max(0).values, _max()),
+             (every.sum(0), tr("the sum: all_reduce sums unless op=ReduceOp.MAX")),
+             (start(rank, world_size), tr("its own start: no collective changed it")),
+             (every.min(0).values, tr("the min over all ranks (ReduceOp.MIN)")))
     for value, name in named:
         if t.shape == value.shape and torch.equal(t, value):
             return name
-    return f"{[round(v, 3) for v in t.tolist()][:4]}: not the max"
+    return tr("{values}: not the max", values=[round(v, 3) for v in t.tolist()][:4])
 
 
 def _max_allreduce_harness(rank, world_size, learner_fn, seed):
     got = learner_fn(rank, world_size)
     if not isinstance(got, torch.Tensor):
-        return {"returns": "a tensor"}, {"returns": f"{type(got).__name__}: return the tensor"}
-    return {"holds": MAX}, {"holds": _what(got.detach().float().reshape(-1), rank, world_size)}
+        returns = tr("returns")
+        return ({returns: tr("a tensor")},
+                {returns: tr("{type}: return the tensor", type=type(got).__name__)})
+    return ({tr("holds"): _max()},
+            {tr("holds"): _what(got.detach().float().reshape(-1), rank, world_size)})
 
 
 def check_max_allreduce(learner_fn, *, timeout=20.0):
@@ -90,19 +95,23 @@ def _params(sizes):
 
 
 # Typical wrong answers, each with what is wrong with it (tried in this order).
-_FLOP_MISTAKES = (
-    (lambda s: 2 * _weights(s), "that is the forward pass alone; backward does two more "
-                                "matmuls per layer (weight gradient and input gradient)"),
-    (lambda s: 4 * _weights(s), "forward and the weight gradients; every layer but the first "
-                                "also computes the gradient of its input"),
-    (lambda s: 6 * _weights(s), "6 x weights counts the first layer's input gradient too; "
-                                "the data does not require grad, so autograd skips that matmul"),
-    (lambda s: 6 * _params(s), "6 x parameters counts biases as matmul work (they are additions, "
-                               "not counted) and the first layer's input gradient, which autograd "
-                               "skips"),
-    (lambda s: 2 * _params(s), "that is about the forward pass alone, biases included; backward "
-                               "does more, and bias adds are not counted"),
-)
+def _flop_mistakes():
+    return (
+        (lambda s: 2 * _weights(s), tr("that is the forward pass alone; backward does two more "
+                                       "matmuls per layer (weight gradient and input gradient)")),
+        (lambda s: 4 * _weights(s), tr("forward and the weight gradients; every layer but the "
+                                       "first also computes the gradient of its input")),
+        (lambda s: 6 * _weights(s), tr("6 x weights counts the first layer's input gradient "
+                                       "too; the data does not require grad, so autograd skips "
+                                       "that matmul")),
+        (lambda s: 6 * _params(s), tr("6 x parameters counts biases as matmul work (they are "
+                                      "additions, not counted) and the first layer's input "
+                                      "gradient, which autograd skips")),
+        (lambda s: 2 * _params(s), tr("that is about the forward pass alone, biases included; "
+                                      "backward does more, and bias adds are not counted")),
+    )
+
+
 _FLOP_CASES = ((64, 128, 128, 128, 10), (3, 5), (10, 20, 30, 4), (784, 256, 10))
 
 
@@ -110,27 +119,30 @@ def check_mlp_flops_per_sample(learner_fn):
     """Check ``learner_fn(sizes)`` against the FLOPs PyTorch counts for one forward and backward
     pass of ``lu.models.mlp(sizes)``, per sample (no processes needed)."""
     if not callable(learner_fn):
-        raise TypeError("check_mlp_flops_per_sample needs your function itself, e.g. "
-                        "lu.check_mlp_flops_per_sample(my_flops)")
+        raise TypeError(tr("check_mlp_flops_per_sample needs your function itself, e.g. "
+                           "lu.check_mlp_flops_per_sample(my_flops)"))
     for number, sizes in enumerate(_FLOP_CASES, 1):
-        where = (f"[wrong] mlp_flops_per_sample: case {number} of {len(_FLOP_CASES)} "
-                 f"(sizes={sizes})")
+        where = tr("[wrong] {name}: case {number} of {total} ({case})",
+                   name="mlp_flops_per_sample", number=number, total=len(_FLOP_CASES),
+                   case=f"sizes={sizes}")
         try:
             got = learner_fn(sizes)
         except NotImplementedError:
-            return CheckResult(False, f"[to do] mlp_flops_per_sample: not implemented yet; "
-                                      f"{FILL_ME_IN}")
+            return CheckResult(False, not_implemented("mlp_flops_per_sample"))
         except Exception as e:  # noqa: BLE001 (report any error as the learner's)
-            return CheckResult(False, f"{where}: raised {type(e).__name__}: {e}")
+            return CheckResult(False, tr("{where}: raised {error}: {message}", where=where,
+                                         error=type(e).__name__, message=e))
         expected = counted_flops_per_sample(sizes)
         if not isinstance(got, (int, float)) or isinstance(got, bool):
-            return CheckResult(False, f"{where}: expected a number of FLOPs, got "
-                                      f"{type(got).__name__} {got!r}", {"sizes": sizes})
+            return CheckResult(False, tr("{where}: expected a number of FLOPs, got {type} "
+                                         "{got!r}", where=where, type=type(got).__name__,
+                                         got=got), {"sizes": sizes})
         if got == expected:
             continue
-        why = next((text for wrong, text in _FLOP_MISTAKES if wrong(sizes) == got),
-                   f"off by a factor {got / expected:.3g}" if expected else "")
-        return CheckResult(False, f"{where}: expected {expected} (PyTorch's count), got "
-                                  f"{got:g}: {why}", {"sizes": sizes})
-    return CheckResult(True, f"[ok] mlp_flops_per_sample: {len(_FLOP_CASES)} cases passed, "
-                             f"equal to FlopCounterMode's count")
+        why = next((text for wrong, text in _flop_mistakes() if wrong(sizes) == got),
+                   tr("off by a factor {factor:.3g}", factor=got / expected) if expected else "")
+        return CheckResult(False, tr("{where}: expected {expected} (PyTorch's count), got "
+                                     "{got:g}: {why}", where=where, expected=expected, got=got,
+                                     why=why), {"sizes": sizes})
+    return CheckResult(True, tr("[ok] {name}: {n} cases passed, equal to FlopCounterMode's "
+                                "count", name="mlp_flops_per_sample", n=len(_FLOP_CASES)))

@@ -3,7 +3,8 @@ nodes of an autograd graph through ``grad_fn.next_functions``. Both run in this 
 ranks needed). Registered in ``labutils.course``; notebooks call them as ``lu.check_<name>``."""
 import torch
 
-from labutils.exercises.base import FILL_ME_IN, CheckResult
+from labutils.core.i18n import tr
+from labutils.exercises.base import CheckResult, not_implemented
 
 # ---- exercise 2: a custom autograd Function ------------------------------------------------
 
@@ -27,14 +28,15 @@ square = Square  # the reference under the exercise's name, for lu.show_solution
 
 def _square_diagnosis(x, g, grad):
     """What a wrong gradient is, in words (the typical slips of a first backward)."""
-    for wrong, why in ((x * g, "x * grad_output is half of it: d(x**2)/dx = 2x"),
-                       (2 * x, "2x alone ignores grad_output: the chain rule multiplies by it"),
-                       (x, "x alone: the derivative of x**2 is 2x, times grad_output"),
-                       (g, "grad_output alone: multiply by the local derivative 2x"),
-                       (2 * g, "2 * grad_output: the local derivative is 2x, not 2")):
+    for wrong, why in ((x * g, tr("x * grad_output is half of it: d(x**2)/dx = 2x")),
+                       (2 * x, tr("2x alone ignores grad_output: the chain rule multiplies by "
+                                  "it")),
+                       (x, tr("x alone: the derivative of x**2 is 2x, times grad_output")),
+                       (g, tr("grad_output alone: multiply by the local derivative 2x")),
+                       (2 * g, tr("2 * grad_output: the local derivative is 2x, not 2"))):
         if grad.shape == wrong.shape and torch.allclose(grad, wrong):
             return why
-    return "not 2 * x * grad_output"
+    return tr("not 2 * x * grad_output")
 
 
 def check_square(learner_cls):
@@ -42,11 +44,13 @@ def check_square(learner_cls):
     backward against 2 x times the incoming gradient (a non-uniform one, so a backward that
     forgets ``grad_output`` shows), and ``torch.autograd.gradcheck``."""
     if not (isinstance(learner_cls, type) and issubclass(learner_cls, torch.autograd.Function)):
-        raise TypeError("check_square needs your class itself, a subclass of "
-                        "torch.autograd.Function, e.g. lu.check_square(Square)")
+        raise TypeError(tr("check_square needs your class itself, a subclass of "
+                           "torch.autograd.Function, e.g. lu.check_square(Square)"))
     cases = ((3,), (2, 4), (5,))
     for number, shape in enumerate(cases, 1):
-        where = f"[wrong] square: case {number} of {len(cases)} (x of shape {list(shape)})"
+        where = tr("[wrong] {name}: case {number} of {total} ({case})", name="square",
+                   number=number, total=len(cases),
+                   case=tr("x of shape {shape}", shape=list(shape)))
         gen = torch.Generator().manual_seed(number)
         x = torch.randn(shape, dtype=torch.float64, generator=gen).requires_grad_()
         g = torch.rand(shape, dtype=torch.float64, generator=gen) + 0.5   # upstream gradient
@@ -54,23 +58,28 @@ def check_square(learner_cls):
             y = learner_cls.apply(x)
             if not isinstance(y, torch.Tensor) or y.shape != x.shape or \
                     not torch.allclose(y, x.detach() ** 2):
-                return CheckResult(False, f"{where}: forward should return x ** 2", {"shape": shape})
+                return CheckResult(False, tr("{where}: forward should return x ** 2",
+                                             where=where), {"shape": shape})
             (grad,) = torch.autograd.grad(y, x, g)
         except NotImplementedError:
-            return CheckResult(False, f"[to do] square: not implemented yet; {FILL_ME_IN}")
+            return CheckResult(False, not_implemented("square"))
         except Exception as e:  # noqa: BLE001 (report any error as the learner's)
-            return CheckResult(False, f"{where}: raised {type(e).__name__}: "
-                                      f"{str(e).splitlines()[0][:120]}", {"shape": shape})
+            return CheckResult(False, tr("{where}: raised {error}: {message}", where=where,
+                                         error=type(e).__name__,
+                                         message=str(e).splitlines()[0][:120]), {"shape": shape})
         expected = 2 * x.detach() * g
         if grad is None or grad.shape != x.shape:
-            return CheckResult(False, f"{where}: backward should return one gradient shaped "
-                                      f"like x", {"shape": shape})
+            return CheckResult(False, tr("{where}: backward should return one gradient shaped "
+                                         "like x", where=where), {"shape": shape})
         if not torch.allclose(grad, expected):
             why = _square_diagnosis(x.detach(), g, grad)
-            return CheckResult(False, f"{where}: wrong gradient: {why}", {"shape": shape})
+            return CheckResult(False, tr("{where}: wrong gradient: {why}", where=where, why=why),
+                               {"shape": shape})
     if not torch.autograd.gradcheck(learner_cls.apply, (x,), raise_exception=False):
-        return CheckResult(False, "[wrong] square: gradcheck disagrees with your backward")
-    return CheckResult(True, f"[ok] square: {len(cases)} cases and gradcheck passed")
+        return CheckResult(False, tr("[wrong] {name}: gradcheck disagrees with your backward",
+                                     name="square"))
+    return CheckResult(True, tr("[ok] {name}: {n} cases and gradcheck passed", name="square",
+                                n=len(cases)))
 
 
 # ---- exercise 6: the nodes of an autograd graph --------------------------------------------
@@ -122,41 +131,47 @@ def _graphs():
     a, b = (torch.randn(3, generator=gen, requires_grad=True) for _ in range(2))
     c = torch.randn(3, generator=gen)                       # no gradient: no leaf node
     h = torch.tanh(a * b)
-    yield "tanh(a * b) used twice", (h * h + h).sum()
-    yield "a and b each used twice", ((a + b) * (a - b) * c).sum()
+    yield tr("tanh(a * b) used twice"), (h * h + h).sum()
+    yield tr("a and b each used twice"), ((a + b) * (a - b) * c).sum()
     s = a.exp()
-    yield "a chain that forks and joins", (s.sin() + s.cos() * b).mean()
+    yield tr("a chain that forks and joins"), (s.sin() + s.cos() * b).mean()
 
 
-_COUNT_MISTAKES = (
-    (lambda t: _paths(t.grad_fn), "that counts a node once per path to it; a node reached by "
-                                  "two paths is one node (keep a set of the nodes seen)"),
-    (lambda t: _first_branch(t.grad_fn), "that follows only the first edge of each node; "
-                                         "follow every entry of next_functions"),
-    (_without_leaves, "the AccumulateGrad nodes (one per leaf that requires grad) are nodes too"),
-)
+def _count_mistakes():
+    return (
+        (lambda t: _paths(t.grad_fn), tr("that counts a node once per path to it; a node "
+                                         "reached by two paths is one node (keep a set of the "
+                                         "nodes seen)")),
+        (lambda t: _first_branch(t.grad_fn), tr("that follows only the first edge of each "
+                                                "node; follow every entry of next_functions")),
+        (_without_leaves, tr("the AccumulateGrad nodes (one per leaf that requires grad) are "
+                             "nodes too")),
+    )
 
 
 def check_count_graph_nodes(learner_fn):
     """Check ``learner_fn(t)``: the number of distinct autograd nodes reachable from
     ``t.grad_fn``, on graphs with shared subexpressions and leaves without gradients."""
     if not callable(learner_fn):
-        raise TypeError("check_count_graph_nodes needs your function itself, e.g. "
-                        "lu.check_count_graph_nodes(count_graph_nodes)")
+        raise TypeError(tr("check_count_graph_nodes needs your function itself, e.g. "
+                           "lu.check_count_graph_nodes(count_graph_nodes)"))
     graphs = list(_graphs())
     for number, (name, t) in enumerate(graphs, 1):
-        where = f"[wrong] count_graph_nodes: case {number} of {len(graphs)} ({name})"
+        where = tr("[wrong] {name}: case {number} of {total} ({case})",
+                   name="count_graph_nodes", number=number, total=len(graphs), case=name)
         try:
             got = learner_fn(t)
         except NotImplementedError:
-            return CheckResult(False, f"[to do] count_graph_nodes: not implemented yet; "
-                                      f"{FILL_ME_IN}")
+            return CheckResult(False, not_implemented("count_graph_nodes"))
         except Exception as e:  # noqa: BLE001 (report any error as the learner's)
-            return CheckResult(False, f"{where}: raised {type(e).__name__}: {e}")
+            return CheckResult(False, tr("{where}: raised {error}: {message}", where=where,
+                                         error=type(e).__name__, message=e))
         expected = count_graph_nodes(t)
         if got == expected and isinstance(got, int):
             continue
-        why = next((text for wrong, text in _COUNT_MISTAKES if wrong(t) == got), "")
-        return CheckResult(False, f"{where}: expected {expected}, got {got!r}"
+        why = next((text for wrong, text in _count_mistakes() if wrong(t) == got), "")
+        return CheckResult(False, f"{where}: " + tr("expected {e}, got {g}", e=expected,
+                                                    g=repr(got))
                                   + (f": {why}" if why else ""), {"graph": name})
-    return CheckResult(True, f"[ok] count_graph_nodes: {len(graphs)} graphs passed")
+    return CheckResult(True, tr("[ok] {name}: {n} graphs passed", name="count_graph_nodes",
+                                n=len(graphs)))

@@ -2,6 +2,7 @@
 them as ``lu.check_<name>``."""
 import torch
 
+from labutils.core.i18n import tr
 from labutils.core.launcher import launch
 from labutils.exercises.base import make_cases, run_check
 from labutils.parallel.collectives import ring_all_reduce  # noqa: F401 (the reference)
@@ -49,17 +50,19 @@ def _diagnose(learner_fn, case, timeout):
     if not all(isinstance(g, torch.Tensor) and g.shape == total.shape for g in got):
         return None
     if all(_same(g, x) for g, x in zip(got, inputs)):
-        return "every rank's tensor is unchanged: write the sum into `tensor` itself, in place"
+        return tr("every rank's tensor is unchanged: write the sum into `tensor` itself, in "
+                  "place")
     mean = total.div(p, rounding_mode="floor") if dtype == "int64" else total / p
     if all(_same(g, mean) for g in got):
-        return "every rank holds the mean: an all-reduce sums, do not divide by the world size"
+        return tr("every rank holds the mean: an all-reduce sums, do not divide by the world "
+                  "size")
     for rank, g in enumerate(got):
         right = [k for k, (a, b) in enumerate(zip(g.tensor_split(p), total.tensor_split(p)))
                  if a.numel() and _same(a, b)]
         if right and len(right) < sum(1 for c in total.tensor_split(p) if c.numel()):
-            return (f"rank {rank} holds the full sum in chunk(s) {right} only: that is where a "
-                    f"reduce-scatter ends; p - 1 all-gather steps must then pass each finished "
-                    f"chunk around the ring")
+            return tr("rank {rank} holds the full sum in chunk(s) {right} only: that is where a "
+                      "reduce-scatter ends; p - 1 all-gather steps must then pass each finished "
+                      "chunk around the ring", rank=rank, right=right)
     return None
 
 

@@ -2,6 +2,7 @@
 Registered in ``labutils.course``; notebooks call it as ``lu.check_stale_update``."""
 import torch
 
+from labutils.core.i18n import tr
 from labutils.exercises.base import run_check
 
 
@@ -30,20 +31,21 @@ def _stale_update_harness(rank, world_size, learner_fn, seed, t, staleness, lr):
     return expected, got
 
 
-# Typical mistakes, each with what it means; the check names the one an answer matches.
-_MISTAKES = {
-    "the gradient is taken at the newest weights: that is synchronous SGD, staleness 0":
-        lambda h, f, lr, s: h[-1] - lr * f(h[-1]),
-    "the stale gradient is applied to the stale weights; the server applies it to its newest "
-    "weights, the ones other workers have updated since":
-        lambda h, f, lr, s: h[max(0, len(h) - 1 - s)] - lr * f(h[max(0, len(h) - 1 - s)]),
-    "off by one: history[-staleness] is w_(t - staleness + 1); the weights staleness updates "
-    "before the newest are history[-1 - staleness]":
-        lambda h, f, lr, s: h[-1] - lr * f(h[max(0, len(h) - s)] if s else h[-1]),
-    "while fewer than staleness updates exist a negative index wraps around to recent "
-    "weights; the gradient must come from w_0 then":
-        lambda h, f, lr, s: h[-1] - lr * f(h[len(h) - 1 - s]),
-}
+def _mistakes():
+    """Typical mistakes, each with what it means; the check names the one an answer matches."""
+    return {
+        tr("the gradient is taken at the newest weights: that is synchronous SGD, staleness 0"):
+            lambda h, f, lr, s: h[-1] - lr * f(h[-1]),
+        tr("the stale gradient is applied to the stale weights; the server applies it to its "
+           "newest weights, the ones other workers have updated since"):
+            lambda h, f, lr, s: h[max(0, len(h) - 1 - s)] - lr * f(h[max(0, len(h) - 1 - s)]),
+        tr("off by one: history[-staleness] is w_(t - staleness + 1); the weights staleness "
+           "updates before the newest are history[-1 - staleness]"):
+            lambda h, f, lr, s: h[-1] - lr * f(h[max(0, len(h) - s)] if s else h[-1]),
+        tr("while fewer than staleness updates exist a negative index wraps around to recent "
+           "weights; the gradient must come from w_0 then"):
+            lambda h, f, lr, s: h[-1] - lr * f(h[len(h) - 1 - s]),
+    }
 
 
 def _matches(learner_fn, mistake, case):
@@ -61,7 +63,7 @@ def _matches(learner_fn, mistake, case):
 def _diagnose(learner_fn, cases):
     """The mistake the answer makes on every case it answers (run here, in one process: the
     function is pure)."""
-    for meaning, mistake in _MISTAKES.items():
+    for meaning, mistake in _mistakes().items():
         verdicts = [_matches(learner_fn, mistake, case) for case in cases]
         if True in verdicts and False not in verdicts:
             return meaning

@@ -3,6 +3,7 @@ them as ``lu.check_<name>``."""
 import torch
 import torch.distributed as dist
 
+from labutils.core.i18n import tr
 from labutils.data.train import shard_batch  # noqa: F401 (the reference)
 from labutils.exercises.base import make_cases, run_check
 
@@ -22,16 +23,19 @@ def _shard_batch_harness(rank, world_size, learner_fn, seed, n):
     taken = [i for ids in everyone for i in ids]
     missing = [i for i in range(n) if i not in taken]
     twice = sorted({i for i in taken if taken.count(i) > 1})
-    coverage = ("each sample on exactly one rank" if not missing and not twice else
-                f"sample {missing[0]} on no rank" if missing else f"sample {twice[0]} on two ranks")
+    exactly_one = tr("each sample on exactly one rank")
+    coverage = (exactly_one if not missing and not twice else
+                tr("sample {i} on no rank", i=missing[0]) if missing else
+                tr("sample {i} on two ranks", i=twice[0]))
     (xs, weight), (ys, _) = learner_fn(X, rank, world_size), learner_fn(y, rank, world_size)
     (torch.nn.functional.mse_loss(model(xs), ys) * weight).backward()
     for p in model.parameters():  # what DDP does: average the gradients over the ranks
         dist.all_reduce(p.grad)
         p.grad /= world_size
     got_grads = {k: p.grad.clone() for k, p in model.named_parameters()}
-    return ({"samples": "each sample on exactly one rank", "gradient": expected_grads},
-            {"samples": coverage, "gradient": got_grads})
+    samples, gradient = tr("samples"), tr("gradient")
+    return ({samples: exactly_one, gradient: expected_grads},
+            {samples: coverage, gradient: got_grads})
 
 
 def check_shard_batch(learner_fn, *, timeout=60.0):

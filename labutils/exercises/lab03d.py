@@ -4,6 +4,7 @@ import torch
 import torch.distributed as dist
 
 from labutils.core.commcount import count_collectives
+from labutils.core.i18n import tr
 from labutils.exercises.base import make_cases, run_check
 
 BIG = 40000.0   # fp16 holds it (max 65504); the sum of two ranks' does not
@@ -48,17 +49,20 @@ def _fp16_mean_harness(rank, world_size, learner_fn, seed, shapes):
     dtypes = sorted(set(sent))
     finite = all(bool(torch.isfinite(t).all()) for t in mine)
     unchanged = all(torch.equal(t, b) for t, b in zip(mine, before))
-    expected = {"all-reduce calls": 1, "dtype sent": "float16",   # checked in this order
-                "in place": "the tensors hold the result", "overflow": "none", "mean": mean}
-    got = {"all-reduce calls": calls,
-           "dtype sent": dtypes[0] if len(dtypes) == 1 else
-           ("nothing sent" if not dtypes else f"several: {', '.join(dtypes)}"),
+    calls_key, dtype_key, in_place, overflow = (tr("all-reduce calls"), tr("dtype sent"),
+                                                tr("in place"), tr("overflow"))
+    hold, none = tr("the tensors hold the result"), tr("none")
+    expected = {calls_key: 1, dtype_key: "float16",   # checked in this order
+                in_place: hold, overflow: none, tr("mean"): mean}
+    got = {calls_key: calls,
+           dtype_key: dtypes[0] if len(dtypes) == 1 else
+           (tr("nothing sent") if not dtypes else tr("several: {dtypes}",
+                                                      dtypes=", ".join(dtypes))),
            # messages are cut at 60 characters: each says what is wrong in fewer
-           "in place": ("the tensors hold the result" if not unchanged else
-                        "unchanged: copy_ the mean into them"),
-           "overflow": ("none" if finite else
-                        "inf: fp16 sum overflowed, divide by world_size before"),
-           "mean": mine}
+           in_place: (hold if not unchanged else tr("unchanged: copy_ the mean into them")),
+           overflow: (none if finite else
+                      tr("inf: fp16 sum overflowed, divide by world_size before")),
+           tr("mean"): mine}
     return expected, got
 
 

@@ -2,10 +2,14 @@
 Registered in ``labutils.course``; notebooks call them as ``lu.check_<name>``."""
 import torch
 
+from labutils.core.i18n import tr
 from labutils.exercises.base import make_cases, run_check
 from labutils.parallel.sync_batchnorm import sync_batch_stats  # noqa: F401 (the reference)
 
-MEAN_OK, VAR_OK = "of every rank's samples", "biased, of every rank's samples"
+
+def _ok():
+    """What a right mean and a right variance are, in words (composed on the ranks)."""
+    return tr("of every rank's samples"), tr("biased, of every rank's samples")
 
 
 def _rank_batch(seed, rank, channels):
@@ -31,23 +35,26 @@ def _sync_batch_stats_harness(rank, world_size, learner_fn, seed, channels):
     batches = [_rank_batch(seed, r, channels) for r in range(world_size)]
     whole, mine = torch.cat(batches), batches[rank]
     mean, var = whole.mean(0), whole.var(0, unbiased=False)
-    expected = {"mean": MEAN_OK, "variance": VAR_OK, "values": (mean, var)}
+    mean_ok, var_ok = _ok()
+    mean_key, var_key, values = tr("mean"), tr("variance"), tr("values")
+    expected = {mean_key: mean_ok, var_key: var_ok, values: (mean, var)}
     got = learner_fn(mine.clone())
     got = tuple(got[:2]) if isinstance(got, (tuple, list)) and len(got) >= 2 else got
     if not isinstance(got, tuple):
-        return expected, {"mean": MEAN_OK, "variance": VAR_OK, "values": got}
+        return expected, {mean_key: mean_ok, var_key: var_ok, values: got}
     # the typical mistakes, in words; anything else is reported by its numbers ("values")
     means = torch.stack([b.mean(0) for b in batches]).mean(0)
     variances = torch.stack([b.var(0, unbiased=False) for b in batches]).mean(0)
     return expected, {
-        "mean": _diagnose(got[0], MEAN_OK, [
-            (mean, None), (mine.mean(0), "this rank's only: all-reduce the sums"),
-            (means, "mean of ranks' means: wrong for unequal batch sizes")]),
-        "variance": _diagnose(got[1], VAR_OK, [
-            (var, None), (mine.var(0, unbiased=False), "this rank's only: all-reduce x*x sums"),
-            (whole.var(0, unbiased=True), "unbiased (n-1): BatchNorm divides by n"),
-            (variances, "mean of ranks' variances: use E[x^2] - mean^2")]),
-        "values": got}
+        mean_key: _diagnose(got[0], mean_ok, [
+            (mean, None), (mine.mean(0), tr("this rank's only: all-reduce the sums")),
+            (means, tr("mean of ranks' means: wrong for unequal batch sizes"))]),
+        var_key: _diagnose(got[1], var_ok, [
+            (var, None),
+            (mine.var(0, unbiased=False), tr("this rank's only: all-reduce x*x sums")),
+            (whole.var(0, unbiased=True), tr("unbiased (n-1): BatchNorm divides by n")),
+            (variances, tr("mean of ranks' variances: use E[x^2] - mean^2"))]),
+        values: got}
 
 
 def check_sync_batch_stats(learner_fn, *, timeout=20.0):

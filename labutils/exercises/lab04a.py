@@ -3,6 +3,7 @@ gradients in one message, and PyTorch's bucket rule. Registered in ``labutils.co
 notebooks call them as ``lu.check_<name>``."""
 import torch
 
+from labutils.core.i18n import tr
 from labutils.exercises.base import make_cases, run_check
 from labutils.experiments.ddp_equivalence import (
     MixedNet,
@@ -69,7 +70,6 @@ def sync_gradients(model):
         p.grad.copy_(part.view_as(p))
 
 
-CALLS = "all-reduce calls: at most 2 per step (usage flags, then one flat buffer)"
 
 
 def _sync_gradients_harness(rank, world_size, learner_fn, seed, aux_pattern, steps=3):
@@ -78,8 +78,10 @@ def _sync_gradients_harness(rank, world_size, learner_fn, seed, aux_pattern, ste
     got, counts = train_data_parallel(rank, world_size, "custom", steps=steps,
                                       batch_size=6 * world_size, seed=seed,
                                       aux_pattern=aux_pattern, sync=learner_fn)
-    return ({"weights": expected, CALLS: True},
-            {"weights": got, CALLS: counts["allreduces"] <= 2 * steps})
+    weights = tr("weights")
+    calls = tr("all-reduce calls: at most 2 per step (usage flags, then one flat buffer)")
+    return ({weights: expected, calls: True},
+            {weights: got, calls: counts["allreduces"] <= 2 * steps})
 
 
 def check_sync_gradients(learner_fn, *, timeout=60.0):

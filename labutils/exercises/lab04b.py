@@ -3,6 +3,7 @@ different sizes. Registered in ``labutils.course``; notebooks call them as ``lu.
 import torch
 from torch import nn
 
+from labutils.core.i18n import tr
 from labutils.exercises.base import make_cases, run_check
 from labutils.experiments.ddp_equivalence import MixedNet, make_batches
 
@@ -45,10 +46,10 @@ def _no_sync_harness(rank, world_size, learner_fn, seed, micro_batches, uneven=T
             for (Xb, yb), s in zip(batches, sizes)]
     # micro-batch i of the large batch = every rank's slice of batches i: the same samples
     learner_fn(ddp_model, mine, nn.functional.mse_loss)
-    expected = {"gradients": {n: p.grad for n, p in reference.named_parameters()},
-                "backward passes that all-reduced": 1}
-    got = {"gradients": {n: p.grad for n, p in model.named_parameters()},
-           "backward passes that all-reduced": calls.count(0)}  # bucket 0 opens each round
+    gradients, passes = tr("gradients"), tr("backward passes that all-reduced")
+    expected = {gradients: {n: p.grad for n, p in reference.named_parameters()}, passes: 1}
+    got = {gradients: {n: p.grad for n, p in model.named_parameters()},
+           passes: calls.count(0)}  # bucket 0 opens each round
     return expected, got
 
 

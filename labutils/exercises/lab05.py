@@ -6,8 +6,9 @@ import numbers
 import torch
 import torch.distributed as dist
 
+from labutils.core.i18n import tr
 from labutils.cost.step_time import bubble_fraction
-from labutils.exercises.base import FILL_ME_IN, CheckResult, make_cases, run_check
+from labutils.exercises.base import CheckResult, make_cases, not_implemented, run_check
 from labutils.parallel.model_parallel import (
     boundary_shapes,
     make_mlp,
@@ -57,16 +58,21 @@ def min_microbatches(p, max_idle):
     return _smallest(p, max_idle, bubble_fraction)
 
 
-# Typical wrong answers, each with what is wrong with it (tried in this order).
-_MISTAKES = (
-    (lambda p, t: _smallest(p, t, lambda p, m: (p - 1) / (m + p - 1) - 1e-12),
-     "at that m the idle share equals the target; below means strictly less (<, not <=)"),
-    (lambda p, t: _smallest(p, t, lambda p, m: p / (m + p)),
-     ("that is the m for p/(m+p); the idle share of p stages is (p-1)/(m+p-1): p-1 slots "
-      "of fill and drain, not p")),
-    (lambda p, t: _smallest(p, t, lambda p, m: (p - 1) / m),
-     "that makes (p-1)/m small enough; the idle share divides by the whole step, m+p-1 slots"),
-)
+def _mistakes():
+    """Typical wrong answers, each with what is wrong with it (tried in this order)."""
+    return (
+        (lambda p, t: _smallest(p, t, lambda p, m: (p - 1) / (m + p - 1) - 1e-12),
+         tr("at that m the idle share equals the target; below means strictly less (<, not "
+            "<=)")),
+        (lambda p, t: _smallest(p, t, lambda p, m: p / (m + p)),
+         tr("that is the m for p/(m+p); the idle share of p stages is (p-1)/(m+p-1): p-1 slots "
+            "of fill and drain, not p")),
+        (lambda p, t: _smallest(p, t, lambda p, m: (p - 1) / m),
+         tr("that makes (p-1)/m small enough; the idle share divides by the whole step, m+p-1 "
+            "slots")),
+    )
+
+
 _CASES = ((4, 0.10), (2, 0.25), (3, 0.2), (5, 0.3), (8, 0.05))
 
 
@@ -74,30 +80,38 @@ def check_min_microbatches(learner_fn):
     """Check ``learner_fn(p, max_idle)``: the smallest number of micro-batches m with
     (p-1)/(m+p-1) below ``max_idle``, for several p and targets (no processes needed)."""
     if not callable(learner_fn):
-        raise TypeError("check_min_microbatches needs your function itself, e.g. "
-                        "lu.check_min_microbatches(my_min_microbatches)")
+        raise TypeError(tr("check_min_microbatches needs your function itself, e.g. "
+                           "lu.check_min_microbatches(my_min_microbatches)"))
     for number, (p, t) in enumerate(_CASES, 1):
-        where = f"[wrong] min_microbatches: case {number} of {len(_CASES)} (p={p}, max_idle={t})"
+        where = tr("[wrong] {name}: case {number} of {total} ({case})", name="min_microbatches",
+                   number=number, total=len(_CASES), case=f"p={p}, max_idle={t}")
         try:
             got = learner_fn(p, t)
         except NotImplementedError:
-            return CheckResult(False, f"[to do] min_microbatches: not implemented yet; {FILL_ME_IN}")
+            return CheckResult(False, not_implemented("min_microbatches"))
         except Exception as e:   # noqa: BLE001 (report any error as the learner's)
-            return CheckResult(False, f"{where}: raised {type(e).__name__}: {e}")
+            return CheckResult(False, tr("{where}: raised {error}: {message}", where=where,
+                                         error=type(e).__name__, message=e))
         expected = min_microbatches(p, t)
         if isinstance(got, float) and 0 < got < 1:
-            return CheckResult(False, f"{where}: got {got:.3g}, which looks like an idle share; "
-                                      f"return the number of micro-batches m (an int)")
+            return CheckResult(False, tr("{where}: got {got:.3g}, which looks like an idle "
+                                         "share; return the number of micro-batches m (an int)",
+                                         where=where, got=got))
         if not isinstance(got, numbers.Integral) or isinstance(got, bool):
-            return CheckResult(False, f"{where}: expected an int (a number of micro-batches), "
-                                      f"got {type(got).__name__} {got!r}")
+            return CheckResult(False, tr("{where}: expected an int (a number of micro-batches), "
+                                         "got {type} {got!r}", where=where,
+                                         type=type(got).__name__, got=got))
         got = int(got)                 # numpy and torch integers are fine too
         if got == expected:
             continue
-        why = next((text for wrong, text in _MISTAKES if wrong(p, t) == got), None)
+        why = next((text for wrong, text in _mistakes() if wrong(p, t) == got), None)
         if why is None and got > expected:
-            why = f"m={expected} already gives {bubble_fraction(p, expected):.3g}: return the smallest m"
+            why = tr("m={m} already gives {idle:.3g}: return the smallest m", m=expected,
+                     idle=bubble_fraction(p, expected))
         elif why is None:
-            why = f"with m={got} the idle share is {bubble_fraction(p, got):.3g}, not below {t}"
-        return CheckResult(False, f"{where}: expected {expected}, got {got}: {why}", {"p": p, "max_idle": t})
-    return CheckResult(True, f"[ok] min_microbatches: {len(_CASES)} cases passed")
+            why = tr("with m={m} the idle share is {idle:.3g}, not below {t}", m=got,
+                     idle=bubble_fraction(p, got), t=t)
+        return CheckResult(False, f"{where}: " + tr("expected {e}, got {g}", e=expected, g=got)
+                           + f": {why}", {"p": p, "max_idle": t})
+    return CheckResult(True, tr("[ok] {name}: {total} cases passed", name="min_microbatches",
+                                total=len(_CASES)))

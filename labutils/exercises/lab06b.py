@@ -4,6 +4,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from labutils.core.i18n import tr
 from labutils.exercises.base import make_cases, run_check
 from labutils.parallel.tensor_parallel import MLP, TPLayout, shard
 
@@ -70,18 +71,18 @@ def _diagnosis(f, g):
     """(f forward, f backward), (g forward, g backward) as ``_which`` names them -> what is
     wrong, in words short enough for a check's message, or None."""
     if f[0] in ("sum", "twice") and g[0] == "own":
-        return "f and g swapped: f sums in backward, g in forward"
+        return tr("f and g swapped: f sums in backward, g in forward")
     messages = {
-        ("g", 0, "own"): "g's forward does not all-reduce the partial outputs",
-        ("g", 0, "mean"): "g's forward averages; the partial outputs must be summed",
-        ("g", 0, "twice"): "g's forward all-reduces twice; once is the sum",
-        ("g", 1, "sum"): "g's backward all-reduces; it must be the identity",
-        ("g", 1, "twice"): "g's backward all-reduces; it must be the identity",
-        ("f", 0, "sum"): "f's forward all-reduces; it must be the identity",
-        ("f", 0, "twice"): "f's forward all-reduces; it must be the identity",
-        ("f", 1, "own"): "f's backward does not all-reduce the input gradient",
-        ("f", 1, "mean"): "f's backward averages; the gradient parts must be summed",
-        ("f", 1, "twice"): "f's backward all-reduces twice; once is the sum",
+        ("g", 0, "own"): tr("g's forward does not all-reduce the partial outputs"),
+        ("g", 0, "mean"): tr("g's forward averages; the partial outputs must be summed"),
+        ("g", 0, "twice"): tr("g's forward all-reduces twice; once is the sum"),
+        ("g", 1, "sum"): tr("g's backward all-reduces; it must be the identity"),
+        ("g", 1, "twice"): tr("g's backward all-reduces; it must be the identity"),
+        ("f", 0, "sum"): tr("f's forward all-reduces; it must be the identity"),
+        ("f", 0, "twice"): tr("f's forward all-reduces; it must be the identity"),
+        ("f", 1, "own"): tr("f's backward does not all-reduce the input gradient"),
+        ("f", 1, "mean"): tr("f's backward averages; the gradient parts must be summed"),
+        ("f", 1, "twice"): tr("f's backward all-reduces twice; once is the sum"),
     }
     for key in (("g", 0, g[0]), ("g", 1, g[1]), ("f", 0, f[0]), ("f", 1, f[1])):
         if key in messages:
@@ -102,10 +103,11 @@ def _f_and_g_harness(rank, world_size, learner_fn, seed, rows, hidden):
     g_seen = (_which(g_fwd, parts[rank], total, p), _which(g_bwd, same, same * p, p))
     problem = _diagnosis(f_seen, g_seen)
     if problem is not None:
-        return {"f and g": "right"}, {"f and g": problem}
+        return {tr("f and g"): tr("right")}, {tr("f and g"): problem}
     if "other" in f_seen + g_seen:          # none of the usual mistakes: the first difference
-        return ({"f forward": same, "f backward": total, "g forward": total, "g backward": same},
-                {"f forward": f_fwd, "f backward": f_bwd, "g forward": g_fwd, "g backward": g_bwd})
+        keys = (tr("f forward"), tr("f backward"), tr("g forward"), tr("g backward"))
+        return (dict(zip(keys, (same, total, total, same))),
+                dict(zip(keys, (f_fwd, f_bwd, g_fwd, g_bwd))))
     # both look right: use them in a parallel MLP, compare with one process
     torch.manual_seed(seed)
     mlp, x, dy = MLP(hidden), torch.randn(rows, hidden), torch.randn(rows, hidden)
@@ -117,11 +119,10 @@ def _f_and_g_harness(rank, world_size, learner_fn, seed, rows, hidden):
     x_par = x.clone().requires_grad_()
     y = g_op.apply(F.linear(F.gelu(F.linear(f_op.apply(x_par), w1, b1)), w2)) + mlp.fc2.bias
     (y * dy).sum().backward()
-    expected = {"MLP output": mlp(x).detach(), "MLP input grad": x_ref.grad,
-                "fc1.weight grad": shard(mlp.fc1.weight.grad, layout, 0),
-                "fc2.weight grad": shard(mlp.fc2.weight.grad, layout, 1)}
-    return expected, {"MLP output": y.detach(), "MLP input grad": x_par.grad,
-                      "fc1.weight grad": w1.grad, "fc2.weight grad": w2.grad}
+    keys = (tr("MLP output"), tr("MLP input grad"), tr("fc1.weight grad"), tr("fc2.weight grad"))
+    expected = (mlp(x).detach(), x_ref.grad, shard(mlp.fc1.weight.grad, layout, 0),
+                shard(mlp.fc2.weight.grad, layout, 1))
+    return dict(zip(keys, expected)), dict(zip(keys, (y.detach(), x_par.grad, w1.grad, w2.grad)))
 
 
 def check_f_and_g(f, g, *, timeout=30.0):
@@ -131,7 +132,7 @@ def check_f_and_g(f, g, *, timeout=30.0):
     on 2 real ranks, then both are used in a tensor-parallel MLP against one process."""
     for name, op in (("f", f), ("g", g)):
         if not (isinstance(op, type) and issubclass(op, torch.autograd.Function)):
-            raise TypeError(f"check_f_and_g needs two torch.autograd.Function classes, "
-                            f"lu.check_f_and_g(MyF, MyG); {name} is {op!r}")
+            raise TypeError(tr("check_f_and_g needs two torch.autograd.Function classes, "
+                               "lu.check_f_and_g(MyF, MyG); {name} is {op!r}", name=name, op=op))
     cases = make_cases(world_sizes=(2,), per_world_size=2, seed=6, rows=[3, 5], hidden=[4, 8])
     return run_check("f_and_g", lambda: (f, g), _f_and_g_harness, cases, timeout=timeout)

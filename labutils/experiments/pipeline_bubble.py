@@ -18,6 +18,7 @@ from statistics import mean, median
 import torch
 import torch.distributed as dist
 
+from labutils.core.i18n import tr
 from labutils.core.launcher import launch
 from labutils.core.rank import progress
 from labutils.core.timeline import Timeline, bubble_fraction, flatten
@@ -207,9 +208,11 @@ def ideal_timeline(actions_by_rank, costs=COSTS, stage_weights=None):
                 done[a] = (r, start, end)
                 free[r], nxt[r], progressed = end, nxt[r] + 1, True
         if not progressed:
-            stuck = [f"rank {r} at {acts[nxt[r]][0]}{acts[nxt[r]][2]} of stage {acts[nxt[r]][1]}"
+            stuck = [tr("rank {r} at {kind}{i} of stage {s}", r=r, kind=acts[nxt[r]][0],
+                        i=acts[nxt[r]][2], s=acts[nxt[r]][1])
                      for r, acts in enumerate(actions_by_rank) if nxt[r] < len(acts)]
-            raise ValueError(f"deadlock: {', '.join(stuck)} (each waits for another)")
+            raise ValueError(tr("deadlock: {stuck} (each waits for another)",
+                                stuck=", ".join(stuck)))
     return done
 
 

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from labutils.core.i18n import tr
 from labutils.core.launcher import launch
 from labutils.core.memory import measure_peak
 from labutils.core.rank import progress
@@ -288,9 +289,9 @@ def schedule_problem(ops, n_microbatches):
     for i in range(n_microbatches):
         for op in "FB":
             if ops.count((op, i)) != 1:
-                return f"{op}{i} appears {ops.count((op, i))} times"
+                return tr("{op}{i} appears {n} times", op=op, i=i, n=ops.count((op, i)))
         if ops.index(("B", i)) < ops.index(("F", i)):
-            return f"B{i} before F{i}"
+            return tr("B{i} before F{i}", i=i)
     if len(ops) != 2 * n_microbatches:
-        return f"{len(ops)} ops, expected {2 * n_microbatches}"
+        return tr("{n} ops, expected {e}", n=len(ops), e=2 * n_microbatches)
     return None

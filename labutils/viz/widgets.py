@@ -34,6 +34,7 @@ import time
 import ipywidgets as W
 
 from labutils.core import errors, job
+from labutils.core.i18n import tr
 from labutils.viz.controls import (
     _figure_output,
     _text_output,
@@ -42,6 +43,13 @@ from labutils.viz.controls import (
 )
 
 _LOG_LINES = 200  # rank output kept in the panel's log
+
+
+def _unit(desc):
+    """The progress bar's unit in the notebook's language. Rank 0 names it ("steps") in a
+    rank, which does not know the language; the panel translates the units the labs use."""
+    return {"steps": tr("steps"), "repeats": tr("repeats"), "rounds": tr("rounds"),
+            "updates": tr("updates"), "seeds": tr("seeds")}.get(desc, desc)
 
 
 class Panel:
@@ -119,13 +127,13 @@ class Panel:
                             f"its arguments") from None
 
     def _build(self):
-        self.run_button = W.Button(description="Run", icon="play", button_style="primary",
-                                   tooltip="run the experiment with these settings")
-        self.stop_button = W.Button(description="Stop", icon="stop", disabled=True,
-                                    tooltip="end every rank of this run")
+        self.run_button = W.Button(description=tr("Run"), icon="play", button_style="primary",
+                                   tooltip=tr("run the experiment with these settings"))
+        self.stop_button = W.Button(description=tr("Stop"), icon="stop", disabled=True,
+                                    tooltip=tr("end every rank of this run"))
         self.progress = W.IntProgress(value=0, min=0, max=1, layout=W.Layout(width="240px"))
         self.progress_label = W.Label("")
-        self.status = W.Label("ready")
+        self.status = W.Label(tr("ready"))
         self.log = W.Output(layout=W.Layout(max_height="160px", overflow="auto"))
         self.output = W.Output()
         self.run_button.on_click(lambda _: self.start())
@@ -162,7 +170,7 @@ class Panel:
     def _on_progress(self, n, total, desc):
         self.progress.max = max(1, total)
         self.progress.value = max(0, min(n, total))
-        self.progress_label.value = f"{desc} {n}/{total}".strip()
+        self.progress_label.value = f"{_unit(desc)} {n}/{total}".strip()
 
     # -- running ---------------------------------------------------------------------------
     def start(self, **overrides):
@@ -186,7 +194,7 @@ class Panel:
         self.log.outputs = ()
         self.output.outputs = ()     # the last run's plot or error must not sit beside this one
         self.progress.value, self.progress_label.value = 0, ""
-        self.status.value = "running…"
+        self.status.value = tr("running…")
         threading.Thread(target=self._work, args=(values,), daemon=True,
                          name=f"lu-panel-{self.title}").start()
         return True
@@ -200,15 +208,16 @@ class Panel:
                 result = self._run_fn(**values)
             self.result = result
             self.output.outputs = self._draw(result)
-            self.status.value = f"done in {time.monotonic() - start:.1f} s"
+            self.status.value = tr("done in {seconds:.1f} s", seconds=time.monotonic() - start)
         except errors.LaunchStopped as e:
             self.error = e
-            self.output.outputs = (_text_output(errors.STOPPED, "stderr"),)
-            self.status.value = "stopped"
+            self.output.outputs = (_text_output(tr("stopped: every rank was ended"), "stderr"),)
+            self.status.value = tr("stopped")
         except Exception as e:  # noqa: BLE001 - any error shows in the panel, which stays usable
             self.error = e
-            self.output.outputs = (_text_output(f"error: {describe_error(e)}", "stderr"),)
-            self.status.value = "error"
+            self.output.outputs = (_text_output(tr("error: {error}", error=describe_error(e)),
+                                                "stderr"),)
+            self.status.value = tr("error")
         finally:
             with self._lock:
                 self._sink = None
@@ -231,7 +240,7 @@ class Panel:
         outputs = tuple(_figure_output(fig) for fig in figures)
         for fig in figures:
             plt.close(fig)  # or the inline backend would also show it under a later cell
-        return outputs or (_text_output("(plot drew nothing)"),)
+        return outputs or (_text_output(tr("(plot drew nothing)")),)
 
     def stop(self):
         """End the ranks of the current run, and refuse any launch it would start next (the
@@ -242,7 +251,7 @@ class Panel:
         sink = self._sink
         if sink is not None:
             sink.stopped = True
-        self.status.value = "stopping…"
+        self.status.value = tr("stopping…")
 
     def wait(self, timeout=None):
         """Wait for the current run to end; True if it has."""
@@ -252,7 +261,7 @@ class Panel:
         """Run with the controls (changed by ``overrides``); return the result or raise its
         error. ``wait=False`` starts it and returns None."""
         if not self.start(**overrides):
-            raise RuntimeError("a run is already under way; wait for it or press Stop")
+            raise RuntimeError(tr("a run is already under way; wait for it or press Stop"))
         if not wait:
             return None
         self.wait()

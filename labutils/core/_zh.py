@@ -1,0 +1,367 @@
+"""The Chinese (zh-CN) catalog of ``core.i18n``: English template -> Chinese template.
+
+A Python dict rather than a JSON file: it ships inside the package with no package-data
+setting, loads in the forkserver with the rest of ``core`` (no file to open in every rank), and
+takes comments. Keys are the literals passed to ``tr`` in labutils, character for character;
+each Chinese template uses the same ``{placeholders}`` (tests/test_i18n.py checks both ways).
+Terms follow the course's glossary; numbers, code and API names stay as they are.
+"""
+
+MESSAGES = {
+    # ---- core.env: the machine report (first cell of 01) --------------------------------
+    "none": "无",
+    "yes": "可用",
+    "no": "不可用",
+    "one rank per core or GPU; more ranks share cores":
+        "每个核心或 GPU 一个 rank；更多 rank 将共享核心",
+    "one rank per core; more ranks share cores": "每个核心一个 rank；更多 rank 将共享核心",
+    "cores (usable): {cores}": "可用核心数：{cores}",
+    "memory: {gb:.1f} GB": "内存：{gb:.1f} GB",
+    "GPUs: {gpus}": "GPU：{gpus}",
+    "backends: {backends}": "后端（backend）：{backends}",
+    "recommended world sizes: {sizes} ({per})": "推荐的进程总数（world size）：{sizes}（{per}）",
+
+    # ---- core.launcher ----------------------------------------------------------------
+    "{world_size} ranks on {cores} cores: ranks will share cores (oversubscription), so "
+    "timings will be slower than with {cores} ranks":
+        "{world_size} 个 rank 运行在 {cores} 个核心上：rank 将共享核心（超额订阅，"
+        "oversubscription），因此计时会比 {cores} 个 rank 时更慢",
+    "stopped: every rank was ended": "已停止：所有 rank 均已结束",
+
+    # ---- core.stacks: why a rank ended or where it hangs (composed in the launching process)
+    "rank {rank}: process ended without an exit status": "rank {rank}：进程结束时没有退出状态",
+    "rank {rank}: process killed by signal {name}": "rank {rank}：进程被信号 {name} 终止",
+    "rank {rank}: process exited with code {code} without returning a result":
+        "rank {rank}：进程以退出码 {code} 退出，没有返回结果",
+    "no Python stack could be read": "无法读取 Python 调用栈",
+    "waiting in dist.{fn}": "在 dist.{fn} 中等待",
+    "running": "正在运行",
+    "in {fn}": "位于 {fn}",
+    "{what}, line {line} of {fn}": "{what}（{fn} 的第 {line} 行）",
+
+    # ---- core.timing.versus ------------------------------------------------------------
+    "faster than": "快于",
+    "slower than": "慢于",
+    "not measurably different from": "在测量误差内等同于",
+
+    # ---- exercises.base: the pieces of every checker's message ---------------------------
+    "fill in the lines marked # FILL ME IN": "请补全标有 # FILL ME IN 的代码行",
+    "[to do] {name}: not implemented yet; {todo}": "[to do] {name}：尚未实现；{todo}",
+    "expected {e}, got {g}": "应为 {e}，实际为 {g}",
+    "element {index}: {diff}": "元素 {index}：{diff}",
+    "a tensor of shape {shape}": "形状为 {shape} 的张量",
+    "a {type} of {n} items": "含 {n} 项的 {type}",
+    "a {type} of 1 item": "含 1 项的 {type}",
+    "shape: expected {e}, got {g}": "形状：应为 {e}，实际为 {g}",
+    "dtype: expected {e}, got {g}": "dtype：应为 {e}，实际为 {g}",
+    "value: {diff}": "数值：{diff}",
+    "rank {rank} raised {error}: {message}": "rank {rank} 抛出 {error}：{message}",
+    "rank {rank} raised {error}": "rank {rank} 抛出 {error}",
+    "[wrong] {name}: case {number} of {total} ({case})":
+        "[wrong] {name}：第 {number} 个用例（共 {total} 个）（{case}）",
+    "1 case passed": "1 个用例通过",
+    "{total} cases passed": "{total} 个用例全部通过",
+    "[ok] {name}: {passed} (world size {sizes})": "[ok] {name}：{passed}（进程总数 {sizes}）",
+    "[ok] {name}: {passed} (world sizes {sizes})": "[ok] {name}：{passed}（进程总数 {sizes}）",
+    "missing key {key!r}": "缺少键 {key!r}",
+    "unexpected key {key!r}": "多出了键 {key!r}",
+    "key {key!r}: {diff}": "键 {key!r}：{diff}",
+    "length: expected {e} items, got {g}": "长度：应为 {e} 项，实际为 {g}",
+    "item {i}: {diff}": "第 {i} 项：{diff}",
+    "expected a number ({e}), got {g}": "应为一个数（{e}），实际为 {g}",
+    "check_{name} needs your function itself, e.g. lu.check_{name}(my_{name}) (no parentheses "
+    "after it); got {type}":
+        "check_{name} 需要传入函数本身，例如 lu.check_{name}(my_{name})（函数名后不加括号）；"
+        "实际传入的是 {type}",
+    "{where}: did not finish in {timeout:g} s (deadlock?): {stuck}":
+        "{where}：{timeout:g} 秒内未完成（死锁？）：{stuck}",
+    "{where}: rank {rank}, {diff}": "{where}：rank {rank}，{diff}",
+    "{where}: raised {error}: {message}": "{where}：抛出 {error}：{message}",
+
+    # ---- lab 01 ------------------------------------------------------------------------
+    "the elementwise max over all ranks": "所有 rank 的逐元素最大值",
+    "{values}: not the max": "{values}：不是最大值",
+    "returns": "返回值",
+    "holds": "内容",
+    "a tensor": "一个张量",
+    "{type}: return the tensor": "{type}：请返回该张量",
+    "the sum: all_reduce sums unless op=ReduceOp.MAX":
+        "这是总和：除非 op=ReduceOp.MAX，all_reduce 默认求和",
+    "its own start: no collective changed it": "仍是它的初始值：没有任何集合通信改变它",
+    "the min over all ranks (ReduceOp.MIN)": "所有 rank 的最小值（ReduceOp.MIN）",
+    "[ok] {name}: {n} cases passed, equal to FlopCounterMode's count":
+        "[ok] {name}：{n} 个用例全部通过，与 FlopCounterMode 的计数相等",
+    "that is the forward pass alone; backward does two more matmuls per layer (weight "
+    "gradient and input gradient)":
+        "这只是前向传播；反向传播每层还要做两次矩阵乘法（权重梯度和输入梯度）",
+    "forward and the weight gradients; every layer but the first also computes the gradient "
+    "of its input":
+        "这是前向传播加权重梯度；除第一层外，每层还要计算其输入的梯度",
+    "6 x weights counts the first layer's input gradient too; the data does not require grad, "
+    "so autograd skips that matmul":
+        "6 × 权重数把第一层的输入梯度也算进去了；数据不需要梯度，自动微分（autograd）会跳过"
+        "这次矩阵乘法",
+    "6 x parameters counts biases as matmul work (they are additions, not counted) and the "
+    "first layer's input gradient, which autograd skips":
+        "6 × 参数数把偏置当成了矩阵乘法的工作量（它们是加法，不计入），还算进了第一层的输入"
+        "梯度，而自动微分会跳过它",
+    "that is about the forward pass alone, biases included; backward does more, and bias adds "
+    "are not counted":
+        "这大约只是前向传播（含偏置）；反向传播做得更多，且偏置加法不计入",
+    "check_mlp_flops_per_sample needs your function itself, e.g. "
+    "lu.check_mlp_flops_per_sample(my_flops)":
+        "check_mlp_flops_per_sample 需要传入函数本身，例如 "
+        "lu.check_mlp_flops_per_sample(my_flops)",
+    "{where}: expected {expected} (PyTorch's count), got {got:g}: {why}":
+        "{where}：应为 {expected}（PyTorch 的计数），实际为 {got:g}：{why}",
+    "{where}: expected a number of FLOPs, got {type} {got!r}":
+        "{where}：应为一个 FLOPs 数，实际为 {type} {got!r}",
+    "off by a factor {factor:.3g}": "相差 {factor:.3g} 倍",
+
+    # ---- lab 02 ------------------------------------------------------------------------
+    "x * grad_output is half of it: d(x**2)/dx = 2x": "x * grad_output 只是一半：d(x**2)/dx = 2x",
+    "2x alone ignores grad_output: the chain rule multiplies by it":
+        "只有 2x 忽略了 grad_output：链式法则要乘上它",
+    "x alone: the derivative of x**2 is 2x, times grad_output":
+        "只有 x：x**2 的导数是 2x，再乘以 grad_output",
+    "grad_output alone: multiply by the local derivative 2x":
+        "只有 grad_output：还要乘以局部导数 2x",
+    "2 * grad_output: the local derivative is 2x, not 2": "2 * grad_output：局部导数是 2x，而不是 2",
+    "not 2 * x * grad_output": "不等于 2 * x * grad_output",
+    "check_square needs your class itself, a subclass of torch.autograd.Function, e.g. "
+    "lu.check_square(Square)":
+        "check_square 需要传入类本身（torch.autograd.Function 的子类），例如 "
+        "lu.check_square(Square)",
+    "x of shape {shape}": "x 的形状为 {shape}",
+    "{where}: forward should return x ** 2": "{where}：forward 应返回 x ** 2",
+    "{where}: backward should return one gradient shaped like x":
+        "{where}：backward 应返回一个与 x 形状相同的梯度",
+    "{where}: wrong gradient: {why}": "{where}：梯度错误：{why}",
+    "[wrong] {name}: gradcheck disagrees with your backward":
+        "[wrong] {name}：gradcheck 与你的 backward 不一致",
+    "[ok] {name}: {n} cases and gradcheck passed": "[ok] {name}：{n} 个用例和 gradcheck 全部通过",
+    "tanh(a * b) used twice": "tanh(a * b) 被使用两次",
+    "a and b each used twice": "a 和 b 各被使用两次",
+    "a chain that forks and joins": "先分叉再汇合的链",
+    "that counts a node once per path to it; a node reached by two paths is one node (keep a "
+    "set of the nodes seen)":
+        "这样每条到达节点的路径都会把它计数一次；经两条路径到达的节点仍是一个节点（用集合记录"
+        "已访问的节点）",
+    "that follows only the first edge of each node; follow every entry of next_functions":
+        "这样只沿每个节点的第一条边走；要遍历 next_functions 的每一项",
+    "the AccumulateGrad nodes (one per leaf that requires grad) are nodes too":
+        "AccumulateGrad 节点（每个需要梯度的叶子一个）也是节点",
+    "check_count_graph_nodes needs your function itself, e.g. "
+    "lu.check_count_graph_nodes(count_graph_nodes)":
+        "check_count_graph_nodes 需要传入函数本身，例如 "
+        "lu.check_count_graph_nodes(count_graph_nodes)",
+    "[ok] {name}: {n} graphs passed": "[ok] {name}：{n} 个计算图全部通过",
+
+    # ---- lab 03a -----------------------------------------------------------------------
+    "every rank's tensor is unchanged: write the sum into `tensor` itself, in place":
+        "每个 rank 的张量都没有变化：请把总和原地写入 `tensor` 本身",
+    "every rank holds the mean: an all-reduce sums, do not divide by the world size":
+        "每个 rank 得到的是平均值：全归约（All-Reduce）求的是和，不要除以进程总数",
+    "rank {rank} holds the full sum in chunk(s) {right} only: that is where a reduce-scatter "
+    "ends; p - 1 all-gather steps must then pass each finished chunk around the ring":
+        "rank {rank} 只在第 {right} 块中得到完整的和：这正是归约散射（Reduce-Scatter）结束时"
+        "的状态；之后还需 p - 1 步全收集（All-Gather），把每个完成的块沿环传递一圈",
+
+    # ---- lab 03b -----------------------------------------------------------------------
+    "the gradient is taken at the newest weights: that is synchronous SGD, staleness 0":
+        "梯度是在最新权重上计算的：这是同步随机梯度下降（SGD），陈旧度为 0",
+    "the stale gradient is applied to the stale weights; the server applies it to its newest "
+    "weights, the ones other workers have updated since":
+        "陈旧的梯度被应用到了陈旧的权重上；参数服务器把它应用到自己最新的权重上，即其他 "
+        "worker 此后已更新过的权重",
+    "off by one: history[-staleness] is w_(t - staleness + 1); the weights staleness updates "
+    "before the newest are history[-1 - staleness]":
+        "差了一位：history[-staleness] 是 w_(t - staleness + 1)；比最新权重早 staleness 次"
+        "更新的权重是 history[-1 - staleness]",
+    "while fewer than staleness updates exist a negative index wraps around to recent "
+    "weights; the gradient must come from w_0 then":
+        "当更新次数少于 staleness 时，负索引会绕回到较新的权重；此时梯度必须取自 w_0",
+
+    # ---- lab 03c -----------------------------------------------------------------------
+    "each sample on exactly one rank": "每个样本恰好在一个 rank 上",
+    "samples": "样本",
+    "gradient": "梯度",
+    "sample {i} on no rank": "样本 {i} 不在任何 rank 上",
+    "sample {i} on two ranks": "样本 {i} 在两个 rank 上",
+
+    # ---- lab 03d -----------------------------------------------------------------------
+    "all-reduce calls": "all_reduce 调用次数",
+    "dtype sent": "发送的 dtype",
+    "in place": "原地",
+    "overflow": "溢出",
+    "the tensors hold the result": "张量中是结果",
+    "mean": "平均值",
+    "unchanged: copy_ the mean into them": "未改变：请用 copy_ 把平均值写入它们",
+    "inf: fp16 sum overflowed, divide by world_size before": "inf：fp16 求和溢出，请先除以 world_size",
+    "nothing sent": "什么也没发送",
+    "several: {dtypes}": "多种：{dtypes}",
+
+    # ---- lab 03e -----------------------------------------------------------------------
+    "of every rank's samples": "基于所有 rank 的样本",
+    "biased, of every rank's samples": "有偏，基于所有 rank 的样本",
+    "variance": "方差",
+    "values": "数值",
+    "this rank's only: all-reduce the sums": "只用了本 rank 的：请对和做全归约",
+    "mean of ranks' means: wrong for unequal batch sizes": "各 rank 平均值的平均：批次大小不等时错误",
+    "this rank's only: all-reduce x*x sums": "只用了本 rank 的：请对 x*x 的和做全归约",
+    "unbiased (n-1): BatchNorm divides by n": "无偏（n-1）：批归一化（BatchNorm）除以 n",
+    "mean of ranks' variances: use E[x^2] - mean^2": "各 rank 方差的平均：请用 E[x^2] - mean^2",
+
+    # ---- lab 04a / 04b -----------------------------------------------------------------
+    "weights": "权重",
+    "all-reduce calls: at most 2 per step (usage flags, then one flat buffer)":
+        "all_reduce 调用次数：每步最多 2 次（先是使用标记，再是一个扁平缓冲区）",
+    "gradients": "梯度",
+    "backward passes that all-reduced": "做了全归约的反向传播次数",
+
+    # ---- lab 05 ------------------------------------------------------------------------
+    "[ok] {name}: {total} cases passed": "[ok] {name}：{total} 个用例全部通过",
+    "at that m the idle share equals the target; below means strictly less (<, not <=)":
+        "在这个 m 下空闲占比恰好等于目标；低于意味着严格小于（<，而不是 <=）",
+    "that is the m for p/(m+p); the idle share of p stages is (p-1)/(m+p-1): p-1 slots of "
+    "fill and drain, not p":
+        "这是 p/(m+p) 对应的 m；p 个阶段（stage）的空闲占比是 (p-1)/(m+p-1)：填充和排空共 "
+        "p-1 个时隙，而不是 p 个",
+    "that makes (p-1)/m small enough; the idle share divides by the whole step, m+p-1 slots":
+        "这让 (p-1)/m 足够小；空闲占比要除以整个步，即 m+p-1 个时隙",
+    "check_min_microbatches needs your function itself, e.g. "
+    "lu.check_min_microbatches(my_min_microbatches)":
+        "check_min_microbatches 需要传入函数本身，例如 "
+        "lu.check_min_microbatches(my_min_microbatches)",
+    "{where}: got {got:.3g}, which looks like an idle share; return the number of "
+    "micro-batches m (an int)":
+        "{where}：得到 {got:.3g}，看起来像空闲占比；请返回微批次（micro-batch）数 m（一个 int）",
+    "{where}: expected an int (a number of micro-batches), got {type} {got!r}":
+        "{where}：应为一个 int（微批次数），实际为 {type} {got!r}",
+    "m={m} already gives {idle:.3g}: return the smallest m": "m={m} 已得到 {idle:.3g}：请返回最小的 m",
+    "with m={m} the idle share is {idle:.3g}, not below {t}":
+        "m={m} 时空闲占比为 {idle:.3g}，未低于 {t}",
+
+    # ---- lab 06a -----------------------------------------------------------------------
+    "stage {s}: {problem}": "阶段 {s}：{problem}",
+    "schedule": "调度",
+    "valid": "有效",
+    "forwards before the first backward (1F1B: min(p - s, m))":
+        "第一次反向传播之前的前向次数（1F1B：min(p - s, m)）",
+    "order": "顺序",
+    # parallel.pipeline.schedule_problem and experiments.pipeline_bubble.ideal_timeline
+    "{op}{i} appears {n} times": "{op}{i} 出现了 {n} 次",
+    "B{i} before F{i}": "B{i} 在 F{i} 之前",
+    "{n} ops, expected {e}": "共 {n} 个操作，应为 {e} 个",
+    "rank {r} at {kind}{i} of stage {s}": "rank {r} 停在阶段 {s} 的 {kind}{i}",
+    "deadlock: {stuck} (each waits for another)": "死锁：{stuck}（彼此等待）",
+
+    # ---- lab 06b -----------------------------------------------------------------------
+    "f and g swapped: f sums in backward, g in forward": "f 和 g 弄反了：f 在反向时求和，g 在前向时求和",
+    "g's forward does not all-reduce the partial outputs": "g 的前向没有对部分输出做全归约",
+    "g's forward averages; the partial outputs must be summed": "g 的前向求了平均；部分输出必须求和",
+    "g's forward all-reduces twice; once is the sum": "g 的前向做了两次全归约；一次就是总和",
+    "g's backward all-reduces; it must be the identity": "g 的反向做了全归约；它必须是恒等映射",
+    "f's forward all-reduces; it must be the identity": "f 的前向做了全归约；它必须是恒等映射",
+    "f's backward does not all-reduce the input gradient": "f 的反向没有对输入梯度做全归约",
+    "f's backward averages; the gradient parts must be summed": "f 的反向求了平均；梯度的各部分必须求和",
+    "f's backward all-reduces twice; once is the sum": "f 的反向做了两次全归约；一次就是总和",
+    "f and g": "f 和 g",
+    "right": "正确",
+    "f forward": "f 前向",
+    "f backward": "f 反向",
+    "g forward": "g 前向",
+    "g backward": "g 反向",
+    "MLP output": "MLP 输出",
+    "MLP input grad": "MLP 输入梯度",
+    "fc1.weight grad": "fc1.weight 梯度",
+    "fc2.weight grad": "fc2.weight 梯度",
+    "check_f_and_g needs two torch.autograd.Function classes, lu.check_f_and_g(MyF, MyG); "
+    "{name} is {op!r}":
+        "check_f_and_g 需要两个 torch.autograd.Function 类，lu.check_f_and_g(MyF, MyG)；"
+        "{name} 是 {op!r}",
+
+    # ---- lab 06d -----------------------------------------------------------------------
+    # dispatch_indices (order and send_counts are the answer's names: they stay as code)
+    "answer": "答案",
+    "{type}, not a pair": "{type}，不是一对值",
+    "order, send_counts: 1-D integer tensors or lists":
+        "order 和 send_counts 应为一维整数张量或列表",
+    "one per expert ({num_experts}); count per rank ({world_size})":
+        "每个专家一个（{num_experts} 个）；应按 rank 计数（{world_size} 个）",
+    "only {tokens} of {slots} slots: flatten the [T, k] choices":
+        "{slots} 个槽位只有 {tokens} 个：请把 [T, k] 的选择展平",
+    "e % {world_size}: experts are contiguous, owner e // {per_rank}":
+        "e % {world_size}：专家是连续分配的，所属 rank 为 e // {per_rank}",
+    "must list each of the {slots} slots exactly once": "{slots} 个槽位必须各出现恰好一次",
+    "not grouped by destination rank (rank 0 first)": "没有按目标 rank 分组（rank 0 在前）",
+    "within a rank, order the slots by expert": "同一 rank 内，请按专家给槽位排序",
+    "within an expert, keep slot order t*k + j (stable sort)":
+        "同一专家内，请保持槽位顺序 t*k + j（稳定排序）",
+    # merge_attention_blocks (ring attention's online softmax)
+    "ordinary logits": "普通 logits",
+    "large logits, lse in the thousands": "很大的 logits，lse 达数千",
+    "block a fully masked, lse_a = -inf": "块 a 被完全掩码，lse_a = -inf",
+    "block b fully masked, lse_b = -inf": "块 b 被完全掩码，lse_b = -inf",
+    "not renormalised: divide by the total weight, i.e. weight each by exp(lse_block - lse)":
+        "没有重新归一化：要除以总权重，即每个块的权重为 exp(lse_block - lse)",
+    "lse = log(exp(lse_a) + exp(lse_b)) (torch.logaddexp)":
+        "lse = log(exp(lse_a) + exp(lse_b))（torch.logaddexp）",
+    "weights the blocks equally; weight each by exp(lse_block - lse)":
+        "对两个块等权平均；每个块的权重应为 exp(lse_block - lse)",
+    "weights swapped: out_a's weight is exp(lse_a - lse)":
+        "权重弄反了：out_a 的权重是 exp(lse_a - lse)",
+    "returns out_a: block b's keys count too": "返回了 out_a：块 b 的键也要算进去",
+    "returns out_b: block a's keys count too": "返回了 out_b：块 a 的键也要算进去",
+    "lse_a + lse_b: the blocks' sums of exp add, so {logaddexp}":
+        "lse_a + lse_b：相加的应是两个块的 exp 之和，所以 {logaddexp}",
+    "the larger block's lse: add both blocks' sums, {logaddexp}":
+        "取了较大块的 lse：要把两个块的 exp 之和相加，{logaddexp}",
+    "averages the lse: {logaddexp}": "对 lse 求了平均：{logaddexp}",
+    "{what} has inf/NaN with large logits: exp(lse) overflows; subtract the maximum first "
+    "(weight = exp(lse_block - lse) <= 1, lse by torch.logaddexp)":
+        "logits 很大时 {what} 出现 inf/NaN：exp(lse) 溢出；请先减去最大值（权重 = "
+        "exp(lse_block - lse) <= 1，lse 用 torch.logaddexp 计算）",
+    "{what} has NaN where block {block} is fully masked (lse_{block} = -inf): its weight must "
+    "be 0 and lse = lse_{other}; -inf - (-inf) is NaN, so anchor on the larger lse (the max)":
+        "块 {block} 被完全掩码（lse_{block} = -inf）时 {what} 出现 NaN：它的权重必须为 0，且 "
+        "lse = lse_{other}；-inf - (-inf) 是 NaN，所以要以较大的 lse（最大值）为基准",
+    "expected (out, lse), two tensors; got {what}": "应为 (out, lse) 两个张量；实际为 {what}",
+    "{name}: shape {got}, expected {want} (the shape of {name}_a)":
+        "{name}：形状为 {got}，应为 {want}（即 {name}_a 的形状）",
+    "{where}: {problem}": "{where}：{problem}",
+    "check_merge_attention_blocks needs your function itself, e.g. "
+    "lu.check_merge_attention_blocks(my_merge)":
+        "check_merge_attention_blocks 需要传入函数本身，例如 "
+        "lu.check_merge_attention_blocks(my_merge)",
+    "[ok] {name}: {total} cases passed, equal to attention over both blocks' keys at once":
+        "[ok] {name}：{total} 个用例全部通过，与一次对两个块的全部键计算的注意力相等",
+    # ring_timing.slowest_words
+    "rank {slow} was the slowest ({slow_time}); it was {verdict} rank {fast} ({fast_time}); "
+    "per round, rank {slow} took {lo:.2f}x to {hi:.2f}x rank {fast}'s time":
+        "rank {slow} 最慢（{slow_time}）；它{verdict} rank {fast}（{fast_time}）；"
+        "逐轮看，rank {slow} 的用时是 rank {fast} 的 {lo:.2f} 倍到 {hi:.2f} 倍",
+
+    # ---- viz.widgets: the knob panels --------------------------------------------------
+    "Run": "运行",
+    "Stop": "停止",
+    "run the experiment with these settings": "用这些设置运行实验",
+    "end every rank of this run": "结束本次运行的所有 rank",
+    "ready": "就绪",
+    "running…": "运行中…",
+    "stopping…": "正在停止…",
+    "stopped": "已停止",
+    "error": "出错",
+    "error: {error}": "错误：{error}",
+    "done in {seconds:.1f} s": "完成，用时 {seconds:.1f} 秒",
+    "(plot drew nothing)": "（绘图函数没有画出任何内容）",
+    "a run is already under way; wait for it or press Stop": "已有一次运行在进行；请等待它结束或按“停止”",
+    "steps": "步",
+    "repeats": "次重复",
+    "rounds": "轮",
+    "updates": "次更新",
+    "seeds": "个种子",
+    "a routing decision is within {gap:.1e} of a tie (limit {limit}): its counts could differ "
+    "on another CPU; use another seed":
+        "有一个路由决策与平局只差 {gap:.1e}（下限 {limit}）：在另一种 CPU 上计数可能不同；请换一个种子",
+}

@@ -1,0 +1,141 @@
+"""Ring attention measured (06d): the work each rank does under a contiguous and a zig-zag split
+(query-key pairs and chunk pairs counted from the masks the ring used), each rank's attention
+time for both splits (interleaved repeats), a per-rank timeline of "compute block" and
+"wait for K/V" spans with the share of each transfer's flight that the rank spent computing,
+and the forward's step time with the hops overlapped against the serial variant (zig-zag).
+
+* ``balance_worker``: all of it, on every rank; ``run``: it on ``world_size`` ranks;
+* ``pairs_formula`` and ``blocks_formula``: what the counts must be;
+* ``overlap_share``: a transfer's flight covered by compute, from one forward's records;
+* ``slowest_words``: which rank was slowest, in words the spread backs; ``slowest_per_round``:
+  the slowest rank's time in each round (the ring's next layer waits for it).
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from labutils.core.i18n import tr
+from labutils.core.launcher import launch
+from labutils.core.rank import progress
+from labutils.core.timeline import Timeline
+from labutils.core.timing import Stats, slowest, versus
+from labutils.parallel.ring_attention import (
+    LAYOUTS,
+    RingLayout,
+    RingRecord,
+    qkv,
+    ring_attention_forward,
+)
+
+
+def pairs_formula(seq, world_size, kind, rank):
+    """Visible query-key pairs of rank ``rank``: contiguous blocks of b = s/N, rank r sees r full
+    blocks and the lower triangle of its own, r b^2 + b(b+1)/2; zig-zag chunks of c = s/(2N),
+    the sum over its positions p of p + 1, (2N-1) c^2 + c(c+1) on every rank."""
+    if kind == "contiguous":
+        b = seq // world_size
+        return rank * b * b + b * (b + 1) // 2
+    c = seq // (2 * world_size)
+    return (2 * world_size - 1) * c * c + c * (c + 1)
+
+
+def blocks_formula(world_size, kind, rank):
+    """Chunk pairs computed (not wholly in the future): contiguous r + 1 blocks of s/N; zig-zag
+    3 chunk pairs of s/(2N) on its own block and 2 on each of the N-1 others, 2N + 1."""
+    return rank + 1 if kind == "contiguous" else 2 * world_size + 1
+
+
+def overlap_share(spans, flights):
+    """(seconds of transfer flight during which the rank computed, seconds in flight) for one
+    forward: a flight runs from posting the isend/irecv to the end of waiting for it. The end
+    is when the rank learns the block arrived, so a flight is an upper bound of the transfer."""
+    compute = [(s.start, s.end) for s in spans if s.name == "compute block"]
+    covered = sum(max(0.0, min(b, e) - max(a, p)) for p, e in flights for a, b in compute)
+    return covered, sum(e - p for p, e in flights)
+
+
+# the timed variants, interleaved: both splits overlapped, and zig-zag with serial hops
+VARIANTS = {"contiguous": ("contiguous", True), "zigzag": ("zigzag", True),
+            "serial": ("zigzag", False)}
+
+
+def _forward(q, k, v, layout, rank, overlap):
+    record = RingRecord(timeline=Timeline(rank))
+    dist.barrier()                        # start together: waits then measure the ring alone
+    t0 = time.perf_counter()
+    ring_attention_forward(layout.shard(q, rank), layout.shard(k, rank), layout.shard(v, rank),
+                           layout, rank, record, overlap)
+    step = time.perf_counter() - t0
+    compute = sum(s.duration for s in record.timeline.spans if s.name == "compute block")
+    return record, compute, step
+
+
+def balance_worker(rank, world_size, seq=2048, heads=4, head_dim=16, repeats=7, seed=0):
+    """Every variant's ring forward (``VARIANTS``), interleaved for ``repeats`` rounds after one
+    warm-up (float32, no grad). Returns per variant: ``counts`` (pairs and chunk pairs, every
+    round alike), ``compute`` (this rank's seconds computing, per round), ``step`` (this
+    rank's forward, barrier to done, per round), ``overlap`` ((covered, in flight) per round)
+    and ``spans`` (the last round's)."""
+    q, k, v, _ = qkv(seq, heads, head_dim, seed=seed, dtype=torch.float32)
+    layouts = {kind: RingLayout(seq, world_size, kind) for kind in LAYOUTS}
+    out = {name: {"compute": [], "step": [], "overlap": [], "counts": None} for name in VARIANTS}
+    with torch.no_grad():
+        for kind, overlap in VARIANTS.values():
+            _forward(q, k, v, layouts[kind], rank, overlap)                 # warm-up
+        for i in range(repeats):
+            for name, (kind, overlap) in VARIANTS.items():
+                record, compute, step = _forward(q, k, v, layouts[kind], rank, overlap)
+                if out[name]["counts"] not in (None, record.pairs):
+                    raise RuntimeError(f"{name}: counts changed between rounds")
+                out[name].update(counts=record.pairs, spans=record.timeline.spans)
+                out[name]["compute"].append(compute)
+                out[name]["step"].append(step)
+                out[name]["overlap"].append(overlap_share(record.timeline.spans,
+                                                          record.flights))
+            progress(i + 1, repeats, "repeats")
+    return out
+
+
+def run(world_size, seq=2048, heads=4, head_dim=16, repeats=7, seed=0):
+    """``balance_worker`` on ``world_size`` ranks (sizes checked before launch). Returns per
+    variant: ``pairs`` and ``blocks`` (counted, per rank), ``compute`` (Stats per rank),
+    ``step`` (Stats over rounds of the slowest rank's forward), ``overlap`` (Stats over rounds
+    of the ranks' covered / in-flight seconds), ``spans`` (all ranks' last round)."""
+    for kind in LAYOUTS:
+        RingLayout(seq, world_size, kind)
+    per_rank = launch(balance_worker, world_size=world_size, seq=seq, heads=heads,
+                      head_dim=head_dim, repeats=repeats, seed=seed)
+    result = {}
+    for name in VARIANTS:
+        ranks = [r[name] for r in per_rank]
+        shares = [sum(r["overlap"][i][0] for r in ranks) / sum(r["overlap"][i][1] for r in ranks)
+                  for i in range(repeats)] if world_size > 1 else [0.0]
+        result[name] = {"pairs": [r["counts"]["pairs"] for r in ranks],
+                        "blocks": [r["counts"]["blocks"] for r in ranks],
+                        "compute": [Stats.of(r["compute"]) for r in ranks],
+                        "step": Stats.of(slowest([r["step"] for r in ranks])),
+                        "overlap": Stats.of(shares),
+                        "spans": [s for r in ranks for s in r["spans"]]}
+    return result
+
+
+def slowest_words(compute):
+    """Which rank's attention took longest (by median) and how it compares with the fastest,
+    in ``versus``'s words, with the range of the per-round ratio: one sentence."""
+    slow = max(range(len(compute)), key=lambda r: compute[r].median)
+    fast = min(range(len(compute)), key=lambda r: compute[r].median)
+    ratios = [a / b for a, b in zip(compute[slow].values, compute[fast].values)]
+    return tr("rank {slow} was the slowest ({slow_time}); it was {verdict} rank {fast} "
+              "({fast_time}); per round, rank {slow} took {lo:.2f}x to {hi:.2f}x rank {fast}'s "
+              "time",
+              slow=slow, fast=fast, slow_time=compute[slow].fmt("ms", 1e3),
+              fast_time=compute[fast].fmt("ms", 1e3),
+              verdict=versus(compute[slow], compute[fast]), lo=min(ratios), hi=max(ratios))
+
+
+def slowest_per_round(compute):
+    """Stats over rounds of the slowest rank's attention time (``compute``: Stats per rank)."""
+    return Stats.of(slowest([list(t.values) for t in compute]))

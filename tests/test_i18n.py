@@ -1,0 +1,277 @@
+"""The language setting (``lu.set_language``): every sentence labutils writes into a notebook
+goes through ``core.i18n.tr`` with a literal English template, the Chinese catalog covers each
+one with the same placeholders and holds nothing else, and switching back to English gives the
+English text exactly (the committed English notebooks compare it under nbval)."""
+from __future__ import annotations
+
+import ast
+import re
+import string
+import warnings
+from pathlib import Path
+
+import matplotlib
+import pytest
+import torch
+import torch.distributed as dist
+
+import labutils as lu
+from labutils.core import i18n
+from labutils.core._zh import MESSAGES
+from labutils.core.memory import TERMS
+from labutils.core.timeline import Span
+from labutils.core.timing import Stats, versus
+from labutils.exercises import lab01, lab02
+from labutils.viz import figures, plots, timeline_plot, widgets
+
+matplotlib.use("Agg")
+
+PACKAGE = Path(lu.__file__).parent
+CJK = re.compile(r"[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]")
+
+
+@pytest.fixture(autouse=True)
+def english_after():
+    """Every test starts and ends in English, so no other test sees another language."""
+    i18n.set_language("en")
+    yield
+    i18n.set_language("en")
+
+
+# ---- the catalog -----------------------------------------------------------------------------
+
+def _tr_calls():
+    """(file, line, first argument node) of every ``tr(...)`` call in labutils."""
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and (
+                    (isinstance(node.func, ast.Name) and node.func.id == "tr")
+                    or (isinstance(node.func, ast.Attribute) and node.func.attr == "tr")):
+                yield path.relative_to(PACKAGE.parent), node.lineno, (node.args or [None])[0]
+
+
+def _fields(template):
+    return {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+
+
+def test_every_tr_call_has_a_literal_template():
+    calls = list(_tr_calls())
+    assert len(calls) > 100          # the scan finds the call sites (a broken scan finds none)
+    bad = [f"{path}:{line}" for path, line, arg in calls
+           if not (isinstance(arg, ast.Constant) and isinstance(arg.value, str))]
+    assert not bad, f"tr() needs a literal English template as first argument: {bad}"
+
+
+def test_the_catalog_translates_every_template_and_nothing_else():
+    used = {arg.value for _, _, arg in _tr_calls()}
+    missing = sorted(used - set(MESSAGES))
+    unused = sorted(set(MESSAGES) - used)
+    assert not missing, f"no Chinese for: {missing}"
+    assert not unused, f"catalog entries no code uses: {unused}"
+
+
+@pytest.mark.parametrize("template", sorted(MESSAGES))
+def test_chinese_uses_the_same_placeholders(template):
+    chinese = MESSAGES[template]
+    assert _fields(chinese) == _fields(template)
+    assert chinese.strip() and chinese != template
+    assert CJK.search(chinese), "a translation with no Chinese character"
+
+
+def test_unknown_language_names_the_choices():
+    with pytest.raises(ValueError, match=r"'fr'.*'en', 'zh'"):
+        lu.set_language("fr")
+    assert lu.language() == "en"
+
+
+def test_the_face_sets_the_language_and_tr_formats_both():
+    lu.set_language("zh")
+    assert lu.language() == "zh"
+    assert i18n.tr("expected {e}, got {g}", e=1, g=2) == "应为 1，实际为 2"
+    lu.set_language("en")
+    assert i18n.tr("expected {e}, got {g}", e=1, g=2) == "expected 1, got 2"
+
+
+# ---- what a notebook prints ------------------------------------------------------------------
+
+def test_versus_default_words_follow_the_language_and_given_words_do_not():
+    fast, slow, near = Stats(1.0, 0.9, 1.1), Stats(2.0, 1.9, 2.1), Stats(1.05, 1.0, 1.2)
+    assert [versus(fast, slow), versus(slow, fast), versus(fast, near)] == [
+        "faster than", "slower than", "not measurably different from"]
+    lu.set_language("zh")
+    assert [versus(fast, slow), versus(slow, fast), versus(fast, near)] == [
+        "快于", "慢于", "在测量误差内等同于"]
+    assert versus(fast, slow, less="少于", more="多于") == "少于"   # the notebook's own words
+    lu.set_language("en")
+    assert versus(slow, fast, less="smaller than", more="larger than") == "larger than"
+
+
+def test_machine_report_lines():
+    report = lu.env.EnvReport(cores=2, memory_gb=8.04, gpus=(), backends={"gloo": True,
+                              "nccl": False}, torch_version="2.13.0", python_version="3.11.7",
+                              system="Linux x86_64", recommended_world_sizes=(1, 2))
+    english = report.lines()
+    assert english == ["cores (usable): 2", "memory: 8.0 GB", "GPUs: none",
+                       "backends: gloo yes, nccl no", "torch 2.13.0, Python 3.11.7, Linux x86_64",
+                       ("recommended world sizes: 1, 2 (one rank per core; more ranks share "
+                       "cores)")]
+    lu.set_language("zh")
+    chinese = report.lines()
+    assert chinese[0] == "可用核心数：2" and chinese[1] == "内存：8.0 GB"
+    assert all(CJK.search(line) for i, line in enumerate(chinese) if i != 4)
+    lu.set_language("en")
+    assert report.lines() == english
+
+
+def test_panel_labels_follow_the_language():
+    english = widgets.panel(lambda n=1: n, n=(1, 3))
+    lu.set_language("zh")
+    chinese = widgets.panel(lambda n=1: n, n=(1, 3))
+    assert (chinese.run_button.description, chinese.stop_button.description,
+            chinese.status.value) == ("运行", "停止", "就绪")
+    chinese._on_progress(2, 5, "steps")
+    assert chinese.progress_label.value == "步 2/5"
+    assert (english.run_button.description, english.stop_button.description,
+            english.status.value) == ("Run", "Stop", "ready")
+
+
+# ---- checkers ----------------------------------------------------------------------------------
+
+class _HalfSquare(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x ** 2
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (x,) = ctx.saved_tensors
+        return x * grad_output
+
+
+SQUARE_EN = ("[wrong] square: case 1 of 3 (x of shape [3]): wrong gradient: x * grad_output is "
+             "half of it: d(x**2)/dx = 2x")
+
+
+def test_a_single_process_checker_speaks_chinese_then_english_again():
+    assert lu.check_square(_HalfSquare).message == SQUARE_EN
+    lu.set_language("zh")
+    assert lu.check_square(_HalfSquare).message == (
+        "[wrong] square：第 1 个用例（共 3 个）（x 的形状为 [3]）：梯度错误：x * grad_output "
+        "只是一半：d(x**2)/dx = 2x")
+    lu.set_language("en")
+    assert lu.check_square(_HalfSquare).message == SQUARE_EN
+
+
+def _sums(rank, world_size):
+    t = lab01.start(rank, world_size)
+    dist.all_reduce(t)
+    return t
+
+
+MAX_EN = ("[wrong] max_allreduce: case 1 of 2 (world_size=2, seed={seed}): rank 0, key 'holds': "
+          "expected 'the elementwise max over all ranks', got 'the sum: all_reduce sums unless "
+          "op=ReduceOp.MAX'")
+
+
+@pytest.mark.slow
+def test_a_multi_rank_checker_composes_its_words_in_the_notebooks_language():
+    """The words of this message are made on the ranks (the harness names what each rank
+    holds): they are Chinese only if the language reached the ranks."""
+    english = lu.check_max_allreduce(_sums).message
+    seed = re.search(r"seed=(\d+)", english).group(1)
+    assert english == MAX_EN.format(seed=seed)
+    lu.set_language("zh")
+    chinese = lu.check_max_allreduce(_sums).message
+    assert chinese == (f"[wrong] max_allreduce：第 1 个用例（共 2 个）（world_size=2, seed={seed}）"
+                       f"：rank 0，键 '内容'：应为 '所有 rank 的逐元素最大值'，实际为 "
+                       f"'这是总和：除非 op=ReduceOp.MAX，all_reduce 默认求和'")
+    passed = lu.check_max_allreduce(lab01.max_allreduce).message
+    assert passed == "[ok] max_allreduce：2 个用例全部通过（进程总数 2, 3）"
+    lu.set_language("en")
+    assert lu.check_max_allreduce(_sums).message == english
+
+
+def test_not_implemented_and_count_messages():
+    def stub(t):
+        raise NotImplementedError
+    assert lu.check_count_graph_nodes(stub).message == (
+        "[to do] count_graph_nodes: not implemented yet; fill in the lines marked # FILL ME IN")
+    lu.set_language("zh")
+    assert lu.check_count_graph_nodes(stub).message == (
+        "[to do] count_graph_nodes：尚未实现；请补全标有 # FILL ME IN 的代码行")
+    assert lu.check_count_graph_nodes(lab02.count_graph_nodes).message == (
+        "[ok] count_graph_nodes：3 个计算图全部通过")
+
+
+# ---- figures keep English labels ---------------------------------------------------------------
+
+def _figures():
+    """Every labutils figure function, drawn on small inputs like the labs'."""
+    s = [Stats.of([1.0, 1.2, 1.1]), Stats.of([2.0, 2.4, 2.2])]
+    spans = [Span(0, "forward", 0.0, 1.0, "F0"), Span(0, "backward", 1.0, 3.0, "B0"),
+             Span(1, "allreduce", 0.5, 2.5, "bucket 0"), Span(1, "wait", 2.5, 3.0)]
+    sweep = [{"m": m, "predicted_bubble": 1 / (m + 1), "measured_bubble": 1 / (m + 1),
+              "predicted_throughput": 10 * m, "measured_throughput": 9 * m} for m in (1, 2, 4)]
+    ddp = [{"variant": v, "link": link, "gbps": g, "predicted": 1.5, "measured": 1.0,
+            "compute": s[0], "step": s[1]} for v in ("ddp", "naive")
+           for link, g in (("1 Gb/s", 1.0), ("10 Gb/s", 10.0))]
+    return {
+        "plot_collectives": lambda: figures.plot_collectives(
+            {"all_reduce": ([[1, 2], [3, 4]], [[4, 6], [4, 6]])}),
+        "plot_all_reduce_times": lambda: figures.plot_all_reduce_times(
+            [1024, 2048], {"ring": s}, 2, fits={"alpha-beta": [1.0, 2.0]}),
+        "plot_runs": lambda: figures.plot_runs(
+            [{"name": "sync", "examples": [1, 2], "loss": [1.0, 0.5], "time": [0.1, 0.2]}]),
+        "plot_sweep": lambda: figures.plot_sweep(sweep, title="sweep"),
+        "plot_memory": lambda: figures.plot_memory({"a": dict.fromkeys(TERMS, 2e6)},
+                                                   measured={"a": 9e6}),
+        "plot_emulated_ddp": lambda: figures.plot_emulated_ddp(ddp),
+        "plot_bars": lambda: plots.plot_bars({"a": s[0], "b": 1.5}, ylabel="s", title="t"),
+        "plot_lines": lambda: plots.plot_lines([1, 2], {"x": s}, xlabel="p", ylabel="s"),
+        "plot_scaling": lambda: plots.plot_scaling({1: s[1], 2: s[0]}),
+        "plot_timeline": lambda: timeline_plot.plot_timeline(spans, title="1f1b"),
+        "plot_overlap": lambda: timeline_plot.plot_overlap(spans, title="overlap"),
+    }
+
+
+def test_every_figure_function_is_drawn_here():
+    found = {name for module in (figures, plots, timeline_plot) for name in dir(module)
+             if name.startswith("plot_") and callable(getattr(module, name))
+             and getattr(module, name).__module__ == module.__name__}
+    assert found == set(_figures())
+
+
+@pytest.mark.parametrize("name", sorted(_figures()))
+def test_figures_draw_english_text_in_chinese_mode(name):
+    """Plots keep English labels (the default font has no Chinese glyphs): in Chinese mode no
+    text labutils draws is Chinese, and drawing warns of no missing glyph."""
+    import matplotlib.pyplot as plt
+    lu.set_language("zh")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        drawn = _figures()[name]()
+        fig = drawn if hasattr(drawn, "savefig") else (
+            drawn.figure if hasattr(drawn, "figure") else drawn[0].figure)
+        fig.canvas.draw()
+        texts = [t.get_text() for t in fig.findobj(matplotlib.text.Text)]
+    plt.close(fig)
+    assert texts and not [t for t in texts if CJK.search(t)]
+
+
+def _rank_id(rank, world_size):
+    return rank
+
+
+@pytest.mark.slow
+def test_oversubscription_warning_keeps_its_category_and_speaks_the_language(monkeypatch):
+    from labutils.core import launcher
+    monkeypatch.setattr(launcher, "cpu_count", lambda: 1)
+    lu.set_language("zh")
+    with pytest.warns(UserWarning, match=r"^2 个 rank 运行在 1 个核心上：.*超额订阅"):
+        assert lu.launch(_rank_id, world_size=2, threads_per_rank=1) == [0, 1]
+    lu.set_language("en")
+    with pytest.warns(UserWarning, match=r"^2 ranks on 1 cores: ranks will share cores "
+                                         r"\(oversubscription\), so timings will be slower "
+                                         r"than with 1 ranks$"):
+        lu.launch(_rank_id, world_size=2, threads_per_rank=1)

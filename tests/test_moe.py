@@ -1,0 +1,347 @@
+"""Expert parallelism for a mixture-of-experts layer (labutils.parallel.moe, moe_router,
+experiments.moe_dispatch; lab 06d): the router's conventions (gates, capacity, dropped slots, aux
+loss) on hand-made cases; the layer on 2, 3 and 4 real ranks equal to its single-process reference
+(outputs, aux loss, every gradient); bytes and all-to-alls counted; our autograd all-to-all equal
+to PyTorch's functional one; a bad split refused before launch; the dispatch_indices checker
+against typical mistakes."""
+import itertools
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import labutils as lu
+from labutils.exercises import lab06d
+from labutils.experiments import moe_dispatch
+from labutils.parallel import moe
+from labutils.parallel.moe_router import capacity, decision_gap, dispatch_indices, route
+
+from .checkers import assert_check, checker_cases
+
+pytestmark = pytest.mark.lab06d
+
+
+# ---- pure logic, no processes -------------------------------------------------------------
+
+def test_capacity_is_per_source_rank_and_rounds_up():
+    assert capacity(32, 4, 2, 1.0) == 16
+    assert capacity(32, 4, 2, 1.25) == 20
+    assert capacity(30, 4, 1, 1.0) == 8          # ceil(7.5)
+
+
+def test_top2_gates_are_renormalised_and_top1_gate_is_the_probability():
+    torch.manual_seed(0)
+    x, w = torch.randn(10, 8), torch.randn(4, 8)
+    probs = torch.softmax(x @ w.t(), -1)
+    r2 = route(x, w, 2, 2.0)
+    torch.testing.assert_close(r2.gate.sum(-1), torch.ones(10))
+    r1 = route(x, w, 1, 4.0)
+    torch.testing.assert_close(r1.gate[:, 0], probs.max(-1).values)
+    assert (r1.expert[:, 0] == probs.argmax(-1)).all()
+
+
+def test_slots_past_capacity_are_dropped_in_slot_order():
+    # 5 tokens all prefer expert 0 (k=1, E=2): capacity ceil(1.0 * 1 * 5 / 2) = 3
+    x = torch.ones(5, 2)
+    w = torch.tensor([[1.0, 1.0], [-1.0, -1.0]])
+    r = route(x, w, 1, 1.0)
+    assert r.capacity == 3
+    assert r.keep[:, 0].tolist() == [True, True, True, False, False]
+    assert r.dropped == 2
+    assert r.slots_per_expert(2).tolist() == [5, 0]
+
+
+def test_aux_loss_is_switch_equation_4():
+    torch.manual_seed(1)
+    x, w = torch.randn(12, 6), torch.randn(3, 6)
+    r = route(x, w, 2, 1.0)
+    probs = torch.softmax(x @ w.t(), -1)
+    f = torch.bincount(r.expert.flatten(), minlength=3).float() / 24
+    torch.testing.assert_close(r.aux_loss, 3 * (f * probs.mean(0)).sum())
+    # uniform probabilities and a balanced split give exactly 1, the loss's minimum
+    uniform = route(torch.zeros(4, 6), torch.zeros(2, 6), 1, 1.0)
+    torch.testing.assert_close(uniform.aux_loss, torch.tensor(1.0))
+
+
+def _plain_route(x, w, top_k, capacity_factor, slot_order="token"):
+    """An independent router in plain Python, one token at a time: softmax by math.exp, top-k by
+    sorted(), k = 2 gates renormalised, a counter per expert filled in slot order t*k + j (or,
+    as a mutant, all first choices before second ones), the aux loss by loops. Returns
+    (experts, gates, keeps) as nested lists and the aux loss."""
+    rows, weights = x.double().tolist(), w.double().tolist()
+    num_tokens, num_experts = len(rows), len(weights)
+    probs = []
+    for row in rows:
+        logits = [sum(a * b for a, b in zip(row, wr)) for wr in weights]
+        top = max(logits)
+        exps = [math.exp(v - top) for v in logits]
+        probs.append([v / sum(exps) for v in exps])
+    experts, gates = [], []
+    for p in probs:
+        chosen = sorted(range(num_experts), key=lambda e: -p[e])[:top_k]
+        g = [p[e] for e in chosen]
+        experts.append(chosen)
+        gates.append([v / sum(g) for v in g] if top_k == 2 else g)
+    cap = math.ceil(capacity_factor * top_k * num_tokens / num_experts)
+    used, keeps = [0] * num_experts, [[None] * top_k for _ in range(num_tokens)]
+    slots = ([(t, j) for t in range(num_tokens) for j in range(top_k)] if slot_order == "token"
+             else [(t, j) for j in range(top_k) for t in range(num_tokens)])
+    for t, j in slots:
+        e = experts[t][j]
+        keeps[t][j] = used[e] < cap
+        used[e] += 1
+    f = [sum(row.count(i) for row in experts) / (num_tokens * top_k) for i in range(num_experts)]
+    mean_p = [sum(p[i] for p in probs) / num_tokens for i in range(num_experts)]
+    aux = num_experts * sum(fi * pi for fi, pi in zip(f, mean_p))
+    return experts, gates, keeps, aux
+
+
+@pytest.mark.parametrize("top_k", [1, 2])
+def test_route_equals_an_independent_plain_python_router_with_drops(top_k):
+    # the layer and its reference both call route(): this pins route() itself, shard by shard
+    # (capacity per source rank), on the decisions, gates, kept slots, drop counts and aux loss
+    ref, shards, _ = moe_dispatch.build(3, hidden=16, num_experts=6, top_k=top_k,
+                                        capacity_factor=1.0, tokens=40, seed=5)
+    total_dropped, mutant_differs = 0, False
+    for x in shards:
+        assert decision_gap(x, ref.router.weight, top_k) > 1e-6     # no near-tie to flip
+        r = route(x, ref.router.weight, top_k, 1.0)
+        experts, gates, keeps, aux = _plain_route(x, ref.router.weight, top_k, 1.0)
+        assert r.expert.tolist() == experts
+        torch.testing.assert_close(r.gate.double(), torch.tensor(gates, dtype=torch.double),
+                                   atol=1e-6, rtol=1e-5)
+        assert r.keep.tolist() == keeps
+        assert r.dropped == sum(not k for row in keeps for k in row)
+        torch.testing.assert_close(r.aux_loss.double(), torch.tensor(aux, dtype=torch.double),
+                                   atol=1e-6, rtol=1e-5)
+        total_dropped += r.dropped
+        if top_k == 2:
+            mutant_differs |= _plain_route(x, ref.router.weight, 2, 1.0, "choice")[2] != keeps
+    assert total_dropped > 0                          # the drop path is compared too
+    if top_k == 2:
+        # the data can tell token-major from choice-major slot order, so an ordering bug fails
+        assert mutant_differs
+        # and renormalisation matters here: the raw top-2 probabilities do not sum to 1
+        assert not torch.allclose(torch.softmax(shards[0] @ ref.router.weight.t(), -1)
+                                  .topk(2).values.sum(-1), torch.ones(40))
+
+
+def test_dispatch_indices_sorts_by_expert_stably_and_counts_per_rank():
+    expert = torch.tensor([[3, 0], [1, 3], [0, 2]])         # slots 0..5, E=4, N=2
+    order, counts = dispatch_indices(expert, 4, 2)
+    assert order.tolist() == [1, 4, 2, 5, 0, 3]             # expert 0: slots 1, 4; 1: 2; ...
+    assert counts.tolist() == [3, 3]
+
+
+class _Recorder(torch.nn.Module):
+    """An expert that records its input and tags its output with its number."""
+
+    def __init__(self, e, seen):
+        super().__init__()
+        self.e, self.seen = e, seen
+
+    def forward(self, rows):
+        self.seen[self.e] = rows
+        return rows * (self.e + 1)
+
+
+def _received(order_fn, decisions, xs, dest, num_experts):
+    """What rank ``dest`` receives from every source when each orders its slots with
+    ``order_fn``, with the per-(source, local expert) counts the layer exchanges."""
+    world_size, top_k = len(decisions), decisions[0].shape[1]
+    local = num_experts // world_size
+    rows, ids, counts = [], [], []
+    for expert, x in zip(decisions, xs):
+        flat = expert.flatten()
+        order, _ = order_fn(expert, num_experts, world_size)
+        mine = order[flat[order] // local == dest]
+        rows.append(x[mine // top_k])
+        ids.append(flat[mine] - dest * local)
+        counts.append(torch.bincount(flat[flat // local == dest] - dest * local, minlength=local))
+    return torch.cat(rows), torch.cat(ids), torch.stack(counts)
+
+
+def test_layer_relies_on_the_by_expert_order_a_rank_only_order_feeds_wrong_rows():
+    torch.manual_seed(3)
+    num_experts, world_size, tokens, top_k = 4, 2, 12, 2
+    local = num_experts // world_size
+    decisions = [torch.stack([torch.randperm(num_experts)[:top_k] for _ in range(tokens)])
+                 for _ in range(world_size)]
+    xs = [torch.randn(tokens, 3) for _ in range(world_size)]
+    wrong = False
+    for dest in range(world_size):
+        expected = {e: torch.cat([x[(d.flatten() == dest * local + e).nonzero()[:, 0] // top_k]
+                                  for d, x in zip(decisions, xs)]) for e in range(local)}
+        seen = {}
+        experts = [_Recorder(e, seen) for e in range(local)]
+        rows, ids, counts = _received(dispatch_indices, decisions, xs, dest, num_experts)
+        out = moe.run_local_experts(experts, rows, counts)
+        for e in range(local):
+            torch.testing.assert_close(seen[e], expected[e], rtol=0, atol=0)
+        torch.testing.assert_close(out, rows * (ids[:, None] + 1), rtol=0, atol=0)
+        rows, ids, counts = _received(_rank_only, decisions, xs, dest, num_experts)
+        moe.run_local_experts(experts, rows, counts)
+        wrong |= any(not torch.equal(seen[e], expected[e]) for e in range(local))
+    assert wrong, "a rank-grouped-only order must give some expert the wrong rows"
+
+
+def test_reference_without_drops_is_the_dense_mixture():
+    torch.manual_seed(2)
+    ref = moe.MoE(8, 4, top_k=2, capacity_factor=2.0)       # capacity = T: nothing dropped
+    x = torch.randn(6, 8)
+    with torch.no_grad():
+        (y,), _, (r,) = ref([x])
+        dense = x.clone()
+        for t in range(6):
+            for j in range(2):
+                dense[t] += r.gate[t, j] * ref.experts[int(r.expert[t, j])](x[t])
+    assert r.dropped == 0
+    torch.testing.assert_close(y, dense)
+
+
+def test_dropped_slots_never_grow_with_the_capacity_factor():
+    counts = moe_dispatch.dropped_fractions([0.5, 1.0, 1.25, 2.0], world_size=2, tokens=32,
+                                            num_experts=4, top_k=2)
+    dropped = [counts[cf][0] for cf in (0.5, 1.0, 1.25, 2.0)]
+    assert dropped == sorted(dropped, reverse=True)
+    assert dropped[0] > 0                 # capacity 8 of 64 slots per expert must drop
+    assert dropped[-1] == 0               # capacity 2*2*32/4 = 32 = T: an expert takes every token
+    assert all(slots == 2 * 32 * 2 for _, slots in counts.values())
+
+
+def test_bad_split_is_refused_before_any_process_starts(monkeypatch):
+    def no_launch(*a, **k):
+        raise AssertionError("a process was started for a bad configuration")
+    monkeypatch.setattr(moe_dispatch, "launch", no_launch)
+    with pytest.raises(ValueError, match=r"6 experts cannot be split evenly over 4 ranks.*"
+                                         r"Use a world size in \[1, 2, 3, 6\]"):
+        moe_dispatch.run_expert_parallel_check(4, num_experts=6)
+    with pytest.raises(ValueError, match="cannot be split evenly"):
+        moe_dispatch.run_timing(4, num_experts=6)
+
+
+# ---- real ranks ---------------------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size, num_experts, top_k, capacity_factor", [
+    (2, 4, 2, 1.0), (4, 8, 2, 1.25), (3, 6, 1, 1.0), (2, 4, 1, 1.25)])
+def test_expert_parallel_equals_one_process(world_size, num_experts, top_k, capacity_factor):
+    hidden = 16
+    s = moe_dispatch.run_expert_parallel_check(world_size, num_experts=num_experts,
+                                               top_k=top_k, capacity_factor=capacity_factor,
+                                               tokens=32, hidden=hidden)
+    # asserted inside (outputs, aux loss, every gradient); these are the counts beside it
+    per_rank = s["per_rank"]
+    assert sum(s["tokens_per_expert"]) == world_size * 32 * top_k
+    for rank, r in enumerate(per_rank):
+        # per-expert counts, dispatch and combine forward; the two reverse all-to-alls backward
+        assert r["collectives"] == {"c10d.alltoall_base_": 5}, (rank, r["collectives"])
+        assert r["bytes"]["dispatch"] == r["off_rank_slots"] * hidden * 4
+        assert r["bytes"]["dispatch backward"] == r["bytes"]["combine"]
+        assert r["bytes"]["combine backward"] == r["bytes"]["dispatch"]
+    sent = sum(r["bytes"]["dispatch"] + r["bytes"]["combine"] for r in per_rank)
+    assert sent == 2 * sum(r["off_rank_slots"] for r in per_rank) * hidden * 4
+    if capacity_factor == 1.0 and top_k == 2:
+        assert sum(r["dropped"] for r in per_rank) > 0      # the drops are exercised too
+
+
+def _ours_vs_functional(rank, world_size):
+    from torch.distributed._functional_collectives import all_to_all_single_autograd
+    send = [rank + 1 + r for r in range(world_size)]          # uneven splits
+    recv = [r + 1 + rank for r in range(world_size)]
+    x = torch.randn(sum(send), 3, generator=torch.Generator().manual_seed(rank))
+    dy = torch.randn(sum(recv), 3, generator=torch.Generator().manual_seed(10 + rank))
+    a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ya = moe.AllToAll.apply(a, send, recv, None, "")
+    yb = all_to_all_single_autograd(b, recv, send, dist.group.WORLD)
+    (ya * dy).sum().backward()
+    (yb * dy).sum().backward()
+    return ya.detach(), yb.detach(), a.grad, b.grad
+
+
+@pytest.mark.slow
+def test_our_autograd_all_to_all_equals_pytorchs_functional_one():
+    for ya, yb, ga, gb in lu.launch(_ours_vs_functional, world_size=3,
+                                    warn_oversubscription=False):
+        torch.testing.assert_close(ya, yb, rtol=0, atol=0)
+        torch.testing.assert_close(ga, gb, rtol=0, atol=0)
+
+
+@pytest.mark.slow
+def test_timing_records_every_phase_of_every_repeat_on_every_rank():
+    res = moe_dispatch.run_timing(2, repeats=5, tokens=32, hidden=16)
+    assert set(res["stats"]) == set(moe_dispatch.PHASES)
+    stats = [*res["stats"].values(), res["all-to-all"], res["ratio"]]
+    assert all(s.n == 5 and s.min <= s.median <= s.max for s in stats)
+    spans = res["spans"]
+    assert len(spans) == 2 * 5 * len(moe_dispatch.PHASES)
+    for rank in (0, 1):
+        mine = [s for s in spans if s.rank == rank]
+        assert [s.name for s in mine] == list(moe_dispatch.PHASES) * 5     # in order
+        assert [s.meta["repeat"] for s in mine] == [i for i in range(5) for _ in range(4)]
+        assert all(a.end <= b.start for a, b in itertools.pairwise(mine))     # in sequence
+
+
+def test_a_seed_near_a_routing_tie_is_refused():
+    ref, shards, _ = moe_dispatch.build(2, hidden=4, num_experts=4)
+    with torch.no_grad():
+        ref.router.weight[1] = ref.router.weight[0]          # experts 0 and 1 tie exactly
+    with pytest.raises(AssertionError, match="of a tie"):
+        moe_dispatch.assert_decision_gap(ref, shards)
+
+
+# ---- the exercise -------------------------------------------------------------------------
+
+def _per_expert(expert, num_experts, world_size):
+    return torch.argsort(expert.flatten(), stable=True), torch.bincount(expert.flatten(),
+                                                                        minlength=num_experts)
+
+
+def _first_choice_only(expert, num_experts, world_size):
+    return dispatch_indices(expert[:, :1], num_experts, world_size)
+
+
+def _modulo_owner(expert, num_experts, world_size):
+    flat = expert.flatten()
+    order = torch.argsort(flat % world_size * num_experts + flat, stable=True)
+    return order, torch.bincount(flat % world_size, minlength=world_size)
+
+
+def _unstable(expert, num_experts, world_size):
+    flat = expert.flatten()
+    slot = torch.arange(flat.numel())
+    order = torch.argsort(flat * flat.numel() - slot)         # latest slot first per expert
+    return order, torch.bincount(flat // (num_experts // world_size), minlength=world_size)
+
+
+def _choice_major(expert, num_experts, world_size):
+    order, counts = dispatch_indices(expert.t(), num_experts, world_size)
+    k = expert.shape[1]
+    t = expert.shape[0]
+    return (order % t) * k + order // t, counts               # first choices before second
+
+
+def _rank_only(expert, num_experts, world_size):
+    flat = expert.flatten()
+    dest = flat // (num_experts // world_size)
+    return torch.argsort(dest, stable=True), torch.bincount(dest, minlength=world_size)
+
+
+def _stub(expert, num_experts, world_size):
+    raise NotImplementedError  # FILL ME IN
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("answer, verdict", checker_cases(lab06d.dispatch_indices, {
+    "counts_per_expert": (_per_expert, "one per expert"),
+    "first_choice_only": (_first_choice_only, "flatten the [T, k] choices"),
+    "modulo_ownership": (_modulo_owner, ("e % 2", "contiguous")),
+    "unstable": (_unstable, "stable sort"),
+    "choice_major": (_choice_major, "slot order t*k + j"),
+    "by_rank_only": (_rank_only, "order the slots by expert"),
+    "stub": (_stub, "not implemented"),
+}, passes="4 cases passed", also_right={
+    "lists": lambda e, n, w: tuple(t.tolist() for t in dispatch_indices(e, n, w))}))
+def test_dispatch_checker_accepts_the_reference_and_rejects_typical_mistakes(answer, verdict):
+    assert_check(lu.check_dispatch_indices, answer, verdict)
