@@ -100,7 +100,7 @@ def test_versus_default_words_follow_the_language_and_given_words_do_not():
         "faster than", "slower than", "not measurably different from"]
     lu.set_language("zh")
     assert [versus(fast, slow), versus(slow, fast), versus(fast, near)] == [
-        "快于", "慢于", "在测量误差内等同于"]
+        "快于", "慢于", "在测量上无法区别于"]
     assert versus(fast, slow, less="少于", more="多于") == "少于"   # the notebook's own words
     lu.set_language("en")
     assert versus(slow, fast, less="smaller than", more="larger than") == "larger than"
@@ -157,7 +157,7 @@ def test_a_single_process_checker_speaks_chinese_then_english_again():
     assert lu.check_square(_HalfSquare).message == SQUARE_EN
     lu.set_language("zh")
     assert lu.check_square(_HalfSquare).message == (
-        "[wrong] square：第 1 个用例（共 3 个）（x 的形状为 [3]）：梯度错误：x * grad_output "
+        "[wrong] square：共 3 个用例，第 1 个未通过（x 的形状为 [3]）：梯度错误：x * grad_output "
         "只是一半：d(x**2)/dx = 2x")
     lu.set_language("en")
     assert lu.check_square(_HalfSquare).message == SQUARE_EN
@@ -183,7 +183,7 @@ def test_a_multi_rank_checker_composes_its_words_in_the_notebooks_language():
     assert english == MAX_EN.format(seed=seed)
     lu.set_language("zh")
     chinese = lu.check_max_allreduce(_sums).message
-    assert chinese == (f"[wrong] max_allreduce：第 1 个用例（共 2 个）（world_size=2, seed={seed}）"
+    assert chinese == (f"[wrong] max_allreduce：共 2 个用例，第 1 个未通过（world_size=2, seed={seed}）"
                        f"：rank 0，键 '内容'：应为 '所有 rank 的逐元素最大值'，实际为 "
                        f"'这是总和：除非 op=ReduceOp.MAX，all_reduce 默认求和'")
     passed = lu.check_max_allreduce(lab01.max_allreduce).message

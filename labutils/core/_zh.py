@@ -27,6 +27,8 @@ MESSAGES = {
         "{world_size} 个 rank 运行在 {cores} 个核心上：rank 将共享核心（超额订阅，"
         "oversubscription），因此计时会比 {cores} 个 rank 时更慢",
     "stopped: every rank was ended": "已停止：所有 rank 均已结束",
+    "launch timed out after {timeout:g} s; still running: {stuck}":
+        "启动在 {timeout:g} 秒后超时；仍在运行：{stuck}",
 
     # ---- core.stacks: why a rank ended or where it hangs (composed in the launching process)
     "rank {rank}: process ended without an exit status": "rank {rank}：进程结束时没有退出状态",
@@ -42,7 +44,7 @@ MESSAGES = {
     # ---- core.timing.versus ------------------------------------------------------------
     "faster than": "快于",
     "slower than": "慢于",
-    "not measurably different from": "在测量误差内等同于",
+    "not measurably different from": "在测量上无法区别于",
 
     # ---- exercises.base: the pieces of every checker's message ---------------------------
     "fill in the lines marked # FILL ME IN": "请补全标有 # FILL ME IN 的代码行",
@@ -58,7 +60,7 @@ MESSAGES = {
     "rank {rank} raised {error}: {message}": "rank {rank} 抛出 {error}：{message}",
     "rank {rank} raised {error}": "rank {rank} 抛出 {error}",
     "[wrong] {name}: case {number} of {total} ({case})":
-        "[wrong] {name}：第 {number} 个用例（共 {total} 个）（{case}）",
+        "[wrong] {name}：共 {total} 个用例，第 {number} 个未通过（{case}）",
     "1 case passed": "1 个用例通过",
     "{total} cases passed": "{total} 个用例全部通过",
     "[ok] {name}: {passed} (world size {sizes})": "[ok] {name}：{passed}（进程总数 {sizes}）",
@@ -121,11 +123,11 @@ MESSAGES = {
     # ---- lab 02 ------------------------------------------------------------------------
     "x * grad_output is half of it: d(x**2)/dx = 2x": "x * grad_output 只是一半：d(x**2)/dx = 2x",
     "2x alone ignores grad_output: the chain rule multiplies by it":
-        "只有 2x 忽略了 grad_output：链式法则要乘上它",
+        "只返回 2x，就忽略了 grad_output：链式法则要乘上它",
     "x alone: the derivative of x**2 is 2x, times grad_output":
-        "只有 x：x**2 的导数是 2x，再乘以 grad_output",
+        "只返回了 x：x**2 的导数是 2x，再乘以 grad_output",
     "grad_output alone: multiply by the local derivative 2x":
-        "只有 grad_output：还要乘以局部导数 2x",
+        "只返回了 grad_output：还要乘以局部导数 2x",
     "2 * grad_output: the local derivative is 2x, not 2": "2 * grad_output：局部导数是 2x，而不是 2",
     "not 2 * x * grad_output": "不等于 2 * x * grad_output",
     "check_square needs your class itself, a subclass of torch.autograd.Function, e.g. "
@@ -172,8 +174,8 @@ MESSAGES = {
         "梯度是在最新权重上计算的：这是同步随机梯度下降（SGD），陈旧度为 0",
     "the stale gradient is applied to the stale weights; the server applies it to its newest "
     "weights, the ones other workers have updated since":
-        "陈旧的梯度被应用到了陈旧的权重上；参数服务器把它应用到自己最新的权重上，即其他 "
-        "worker 此后已更新过的权重",
+        "陈旧的梯度被应用到了陈旧的权重上；参数服务器把它应用到自己最新的权重上，即其他"
+        "工作进程此后已更新过的权重",
     "off by one: history[-staleness] is w_(t - staleness + 1); the weights staleness updates "
     "before the newest are history[-1 - staleness]":
         "差了一位：history[-staleness] 是 w_(t - staleness + 1)；比最新权重早 staleness 次"
@@ -190,7 +192,7 @@ MESSAGES = {
     "sample {i} on two ranks": "样本 {i} 在两个 rank 上",
 
     # ---- lab 03d -----------------------------------------------------------------------
-    "all-reduce calls": "all_reduce 调用次数",
+    "all-reduce calls": "全归约调用次数",
     "dtype sent": "发送的 dtype",
     "in place": "原地",
     "overflow": "溢出",
@@ -215,7 +217,7 @@ MESSAGES = {
     # ---- lab 04a / 04b -----------------------------------------------------------------
     "weights": "权重",
     "all-reduce calls: at most 2 per step (usage flags, then one flat buffer)":
-        "all_reduce 调用次数：每步最多 2 次（先是使用标记，再是一个扁平缓冲区）",
+        "全归约调用次数：每步最多 2 次（先是使用标志，再是一个扁平缓冲区）",
     "gradients": "梯度",
     "backward passes that all-reduced": "做了全归约的反向传播次数",
 
@@ -255,6 +257,19 @@ MESSAGES = {
     "{n} ops, expected {e}": "共 {n} 个操作，应为 {e} 个",
     "rank {r} at {kind}{i} of stage {s}": "rank {r} 停在阶段 {s} 的 {kind}{i}",
     "deadlock: {stuck} (each waits for another)": "死锁：{stuck}（彼此等待）",
+    # parallel.pipeline.validate_config and parallel.microbatch.validate_microbatches
+    "unknown schedule {schedule!r}; use one of {names} or a function "
+    "(stage, n_stages, n_microbatches) -> ops":
+        "未知的调度 {schedule!r}；请使用 {names} 之一，或一个函数 "
+        "(stage, n_stages, n_microbatches) -> ops",
+    "n_microbatches must be >= 1; got {n}": "n_microbatches 必须 >= 1；实际为 {n}",
+    "a batch of {batch_size} samples cannot be split into {m} equal micro-batches: use "
+    "n_microbatches in {options} or a batch size divisible by {m}":
+        "{batch_size} 个样本的批次无法平均分成 {m} 个微批次：请使用 {options} 中的 "
+        "n_microbatches，或使用能被 {m} 整除的批次大小",
+    "a batch of {batch_size} samples cannot be split into {m} equal micro-batches: use one "
+    "of {options}":
+        "{batch_size} 个样本的批次无法平均分成 {m} 个微批次：请使用 {options} 中的一个",
 
     # ---- lab 06b -----------------------------------------------------------------------
     "f and g swapped: f sums in backward, g in forward": "f 和 g 弄反了：f 在反向时求和，g 在前向时求和",
@@ -287,6 +302,8 @@ MESSAGES = {
     "{type}, not a pair": "{type}，不是一对值",
     "order, send_counts: 1-D integer tensors or lists":
         "order 和 send_counts 应为一维整数张量或列表",
+    "send_counts has length {n} < N: use minlength=N":
+        "send_counts 的长度为 {n}，小于 N：请用 minlength=N",
     "one per expert ({num_experts}); count per rank ({world_size})":
         "每个专家一个（{num_experts} 个）；应按 rank 计数（{world_size} 个）",
     "only {tokens} of {slots} slots: flatten the [T, k] choices":
@@ -340,7 +357,18 @@ MESSAGES = {
     "rank {slow} was the slowest ({slow_time}); it was {verdict} rank {fast} ({fast_time}); "
     "per round, rank {slow} took {lo:.2f}x to {hi:.2f}x rank {fast}'s time":
         "rank {slow} 最慢（{slow_time}）；它{verdict} rank {fast}（{fast_time}）；"
-        "逐轮看，rank {slow} 的用时是 rank {fast} 的 {lo:.2f} 倍到 {hi:.2f} 倍",
+        "逐回合看，rank {slow} 的用时是 rank {fast} 的 {lo:.2f} 倍到 {hi:.2f} 倍",
+
+    # parallel.ulysses.validate_ulysses_config
+    "world_size must be >= 1; got {world_size}": "world_size 必须 >= 1；实际为 {world_size}",
+    "num_heads={num_heads} is not divisible by world_size={world_size}: use a world size that "
+    "divides {num_heads} ({ok}) or change num_heads":
+        "num_heads={num_heads} 不能被 world_size={world_size} 整除：请使用能整除 {num_heads} "
+        "的进程总数（{ok}），或修改 num_heads",
+    "seq_len={seq_len} is not divisible by world_size={world_size}: each rank holds "
+    "seq_len/world_size positions; pad the sequence or use a world size that divides {seq_len}":
+        "seq_len={seq_len} 不能被 world_size={world_size} 整除：每个 rank 持有 "
+        "seq_len/world_size 个位置；请填充序列，或使用能整除 {seq_len} 的进程总数",
 
     # ---- viz.widgets: the knob panels --------------------------------------------------
     "Run": "运行",
@@ -358,10 +386,19 @@ MESSAGES = {
     "a run is already under way; wait for it or press Stop": "已有一次运行在进行；请等待它结束或按“停止”",
     "steps": "步",
     "repeats": "次重复",
-    "rounds": "轮",
+    "rounds": "个回合",
     "updates": "次更新",
     "seeds": "个种子",
     "a routing decision is within {gap:.1e} of a tie (limit {limit}): its counts could differ "
     "on another CPU; use another seed":
         "有一个路由决策与平局只差 {gap:.1e}（下限 {limit}）：在另一种 CPU 上计数可能不同；请换一个种子",
+    "{num_experts} experts cannot be split evenly over {world_size} ranks (expert parallelism "
+    "gives each rank E/N experts). Use a world size in {fits}, or a number of experts divisible "
+    "by {world_size}.":
+        "{num_experts} 个专家无法平均分到 {world_size} 个 rank 上（专家并行给每个 rank E/N 个专家）。"
+        "请使用 {fits} 中的 world size，或使用能被 {world_size} 整除的专家数",
+    "cannot split a model of {n_layers} layers into {n_stages} stages: use at most {n_layers} "
+    "stages (world_size <= {n_layers}) or a deeper model":
+        "无法把 {n_layers} 层的模型切成 {n_stages} 个阶段：最多使用 {n_layers} 个阶段"
+        "（world_size <= {n_layers}），或使用更深的模型",
 }

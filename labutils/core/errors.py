@@ -13,12 +13,15 @@ class WorkerError(RuntimeError):
 
 
 class LaunchTimeout(TimeoutError, WorkerError):
-    """The launch ran past ``timeout``; ``.stacks`` maps each stuck rank to its Python stack."""
+    """The launch ran past ``timeout``; ``.stacks`` maps each stuck rank to its Python stack,
+    ``.stuck`` lists one line per stuck rank ("rank 1 waiting in dist.recv, line 7 of f", in
+    the notebook's language), so callers can quote them without parsing the message."""
 
-    def __init__(self, message, rank=None, stacks=None):
+    def __init__(self, message, rank=None, stacks=None, stuck=()):
         WorkerError.__init__(self, message, rank=rank,
                              remote_traceback="\n".join((stacks or {}).values()))
         self.stacks = stacks or {}
+        self.stuck = tuple(stuck)
 
 
 class LaunchStopped(WorkerError):

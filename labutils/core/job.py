@@ -263,9 +263,9 @@ class _Job:
             text = self._read_stack_dump(r)
             stacks[r] = text.split("\n", 1)[1] if "\n" in text else text
             parts.append(f"rank {r} {_summarise_stack(_main_stack(text))}")
-        return LaunchTimeout(f"launch timed out after {self.timeout:g} s; still running: "
-                             + "; ".join(parts), rank=stuck[0] if stuck else None,
-                             stacks=stacks)
+        return LaunchTimeout(tr("launch timed out after {timeout:g} s; still running: {stuck}",
+                                timeout=self.timeout, stuck="; ".join(parts)),
+                             rank=stuck[0] if stuck else None, stacks=stacks, stuck=parts)
 
     def _read_stack_dump(self, rank, wait=2.0):
         """The rank's faulthandler dump, once written: poll until the file holds a thread's

@@ -261,7 +261,7 @@ def run_check(name, learner_fn, harness, cases, *, timeout=20.0, atol=1e-5, rtol
                            world_size=case["world_size"], timeout=timeout,
                            threads_per_rank=1, warn_oversubscription=False, **kwargs)
         except LaunchTimeout as e:
-            stuck = str(e).split("still running: ", 1)[-1]
+            stuck = "; ".join(e.stuck)
             return CheckResult(False, tr("{where}: did not finish in {timeout:g} s "
                                          "(deadlock?): {stuck}", where=where, timeout=timeout,
                                          stuck=stuck), case)

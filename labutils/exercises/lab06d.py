@@ -27,13 +27,18 @@ _DISPATCH_CASES = (   # E/N >= 2 in every case, so per expert and per rank, // a
     {"world_size": 3, "num_experts": 6, "tokens": 7, "top_k": 2, "seed": 12},
     {"world_size": 4, "num_experts": 8, "tokens": 10, "top_k": 2, "seed": 13},
     {"world_size": 2, "num_experts": 8, "tokens": 6, "top_k": 1, "seed": 14},
+    # the last rank's experts get no slot: a bincount without minlength returns N-1 counts
+    {"world_size": 3, "num_experts": 6, "tokens": 5, "top_k": 2, "seed": 15, "empty_rank": 2},
 )
 
 
-def _decisions(seed, rank, tokens, num_experts, top_k):
-    """A router's choices for one rank: ``[tokens, top_k]`` distinct experts per token."""
+def _decisions(seed, rank, tokens, num_experts, top_k, empty_rank=None, world_size=1):
+    """A router's choices for one rank: ``[tokens, top_k]`` distinct experts per token, none of
+    them an expert of ``empty_rank`` when it is given."""
     rng = random.Random(seed * 101 + rank)
-    rows = [rng.sample(range(num_experts), top_k) for _ in range(tokens)]
+    per_rank = num_experts // world_size
+    experts = [e for e in range(num_experts) if empty_rank is None or e // per_rank != empty_rank]
+    rows = [rng.sample(experts, top_k) for _ in range(tokens)]
     return torch.tensor(rows, dtype=torch.long)
 
 
@@ -52,6 +57,8 @@ def _diagnosis(expert, num_experts, world_size, order, counts):
     slots, per_rank, tokens = flat.numel(), num_experts // world_size, expert.shape[0]
     if counts is None or order is None:
         return tr("answer"), tr("order, send_counts: 1-D integer tensors or lists")
+    if len(counts) < world_size:
+        return "send_counts", tr("send_counts has length {n} < N: use minlength=N", n=len(counts))
     if len(counts) == num_experts and num_experts != world_size:
         return "send_counts", tr("one per expert ({num_experts}); count per rank ({world_size})",
                                  num_experts=num_experts, world_size=world_size)
@@ -75,8 +82,9 @@ def _diagnosis(expert, num_experts, world_size, order, counts):
     return None
 
 
-def _dispatch_harness(rank, world_size, learner_fn, seed, num_experts, tokens, top_k):
-    expert = _decisions(seed, rank, tokens, num_experts, top_k)
+def _dispatch_harness(rank, world_size, learner_fn, seed, num_experts, tokens, top_k,
+                      empty_rank=None):
+    expert = _decisions(seed, rank, tokens, num_experts, top_k, empty_rank, world_size)
     want_order, want_counts = dispatch_indices(expert, num_experts, world_size)
     answer = learner_fn(expert.clone(), num_experts, world_size)
     if not (isinstance(answer, (tuple, list)) and len(answer) == 2):

@@ -81,6 +81,9 @@ def assert_matches_reference(results, sequence_parallel, batch, seq, hidden, num
     grads = {n: p.grad for n, p in ref.named_parameters()}
     world_size, worst = len(results), 0.0
     for rank, res in enumerate(results):
+        # every reference parameter is compared: one missing from the parallel layer would fail
+        assert set(res["grads"]) == set(grads), (
+            f"rank {rank}: parameters {sorted(set(res['grads']) ^ set(grads))} not in both layers")
         layout = TPLayout(rank, world_size)
         pairs = [("output", res["output"], my_shard(y.detach(), rank, world_size,
                                                      sequence_parallel)),
@@ -99,7 +102,8 @@ def assert_matches_reference(results, sequence_parallel, batch, seq, hidden, num
 
 def run_sp_check(tp_world_size=2, sequence_parallel=True, regather=False, **sizes):
     """Validate, run ``sp_layer`` on ``tp_world_size`` ranks, assert it equals one process.
-    Returns the largest difference and rank 0's collectives by phase."""
+    Returns the largest difference, rank 0's collectives by phase and the number of parameter
+    gradients compared (asserted to be every parameter of the reference)."""
     kw = {**SIZES, **sizes}
     validate_sp_config(kw["hidden"], kw["num_heads"], kw["seq"], tp_world_size)
     args = (sequence_parallel, kw["batch"], kw["seq"], kw["hidden"], kw["num_heads"],

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from labutils.core.i18n import tr
 from labutils.core.timeline import Timeline
 from labutils.parallel.model_parallel import StageLayout, boundary_shapes
 
@@ -21,8 +22,9 @@ def validate_microbatches(batch_size, n_microbatches):
     """Refuse a split into unequal micro-batches (each rank posts a recv of one fixed shape)."""
     if n_microbatches < 1 or batch_size % n_microbatches:
         options = [d for d in range(1, batch_size + 1) if batch_size % d == 0]
-        raise ValueError(f"a batch of {batch_size} samples cannot be split into "
-                         f"{n_microbatches} equal micro-batches: use one of {options}")
+        raise ValueError(tr("a batch of {batch_size} samples cannot be split into {m} equal "
+                            "micro-batches: use one of {options}", batch_size=batch_size,
+                            m=n_microbatches, options=options))
 
 
 def microbatched_forward(rank, world_size, stages, x, n_microbatches, blocking=False, tl=None):

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch import nn
 
 from labutils.core.commcount import count_collectives
+from labutils.core.i18n import tr
 from labutils.core.launcher import launch
 from labutils.core.memory import measure_peak
 from labutils.core.timeline import Timeline
@@ -65,9 +66,9 @@ def split_sizes(n_layers, n_stages):
     if n_stages < 1:
         raise ValueError(f"need at least one stage; got n_stages={n_stages}")
     if n_stages > n_layers:
-        raise ValueError(f"cannot split a model of {n_layers} layers into {n_stages} stages: "
-                         f"use at most {n_layers} stages (world_size <= {n_layers}) or a "
-                         f"deeper model")
+        raise ValueError(tr("cannot split a model of {n_layers} layers into {n_stages} stages: "
+                            "use at most {n_layers} stages (world_size <= {n_layers}) or a "
+                            "deeper model", n_layers=n_layers, n_stages=n_stages))
     base, extra = divmod(n_layers, n_stages)
     return [base + (1 if s < extra else 0) for s in range(n_stages)]
 

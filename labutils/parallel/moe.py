@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from labutils.core.i18n import tr
 from labutils.parallel.moe_router import dispatch_indices, route
 
 
@@ -32,9 +33,10 @@ def validate_expert_parallel(num_experts, world_size):
     """Refuse a split of ``num_experts`` that does not give every rank the same experts."""
     if world_size < 1 or num_experts % world_size:
         fits = [n for n in range(1, num_experts + 1) if num_experts % n == 0]
-        raise ValueError(f"{num_experts} experts cannot be split evenly over {world_size} ranks "
-                         f"(expert parallelism gives each rank E/N experts). Use a world size "
-                         f"in {fits}, or a number of experts divisible by {world_size}.")
+        raise ValueError(tr("{num_experts} experts cannot be split evenly over {world_size} ranks "
+                            "(expert parallelism gives each rank E/N experts). Use a world size "
+                            "in {fits}, or a number of experts divisible by {world_size}.",
+                            num_experts=num_experts, world_size=world_size, fits=fits))
 
 
 class Expert(nn.Module):

@@ -18,16 +18,14 @@ Conventions (Switch Transformer, arXiv:2101.03961; GShard, arXiv:2006.16668):
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-
-def capacity(num_tokens, num_experts, top_k, capacity_factor):
-    """Slots one expert accepts from one source rank's ``num_tokens`` tokens."""
-    return math.ceil(capacity_factor * top_k * num_tokens / num_experts)
+# one capacity formula for the layer and the cost model: slots one expert accepts from one
+# source rank's tokens, ``capacity(num_tokens, num_experts, top_k, capacity_factor)``
+from labutils.cost.long_context import expert_capacity as capacity
 
 
 @dataclass
@@ -77,8 +75,9 @@ def decision_gap(x, router_weight, top_k):
     """The smallest margin of any top-k decision of ``route`` on ``x``: over tokens, the least
     difference between consecutive sorted router probabilities among the top ``k + 1`` (which
     experts are chosen, and in which order: the slot order that capacity fills). Inputs from
-    another CPU kernel differ by ~1e-7 relative; a gap far above that means the same decisions
-    (and the same dropped slots) there."""
+    another CPU kernel (ATEN_CPU_CAPABILITY=default vs avx2) differ by up to ~2e-6 (a few float32
+    ulps) and these probabilities by up to ~1.2e-7 (measured); a gap well above that means the
+    same decisions (and the same dropped slots) there."""
     probs = F.softmax(x.detach().double() @ router_weight.detach().double().t(), dim=-1)
     top = probs.topk(min(top_k + 1, probs.shape[-1]), dim=-1).values
     return float((top[:, :-1] - top[:, 1:]).min())

@@ -82,15 +82,17 @@ SCHEDULES = {"gpipe": gpipe_schedule, "1f1b": one_f_one_b_schedule}
 def validate_config(n_layers, n_stages, batch_size, n_microbatches, schedule="1f1b", sizes=None):
     """Refuse a bad pipeline before any process starts, saying what to change."""
     if schedule not in SCHEDULES and not callable(schedule):
-        raise ValueError(f"unknown schedule {schedule!r}; use one of {', '.join(SCHEDULES)} "
-                         f"or a function (stage, n_stages, n_microbatches) -> ops")
+        raise ValueError(tr("unknown schedule {schedule!r}; use one of {names} or a function "
+                            "(stage, n_stages, n_microbatches) -> ops",
+                            schedule=schedule, names=", ".join(SCHEDULES)))
     if n_microbatches < 1:
-        raise ValueError(f"n_microbatches must be >= 1; got {n_microbatches}")
+        raise ValueError(tr("n_microbatches must be >= 1; got {n}", n=n_microbatches))
     if batch_size % n_microbatches:
         options = [d for d in range(1, batch_size + 1) if batch_size % d == 0]
-        raise ValueError(f"a batch of {batch_size} samples cannot be split into "
-                         f"{n_microbatches} equal micro-batches: use n_microbatches in "
-                         f"{options} or a batch size divisible by {n_microbatches}")
+        raise ValueError(tr("a batch of {batch_size} samples cannot be split into {m} equal "
+                            "micro-batches: use n_microbatches in {options} or a batch size "
+                            "divisible by {m}", batch_size=batch_size, m=n_microbatches,
+                            options=options))
     return validate_sizes(sizes, n_layers, n_stages)   # also: more stages than layers
 
 

@@ -20,20 +20,24 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from labutils.core.i18n import tr
+
 
 def validate_ulysses_config(num_heads, world_size, seq_len=None):
     """Refuse a split the all-to-all cannot make, before any process starts."""
     if world_size < 1:
-        raise ValueError(f"world_size must be >= 1; got {world_size}")
+        raise ValueError(tr("world_size must be >= 1; got {world_size}", world_size=world_size))
     if num_heads % world_size:
         ok = [d for d in range(1, num_heads + 1) if num_heads % d == 0]
-        raise ValueError(f"num_heads={num_heads} is not divisible by world_size={world_size}: "
-                         f"use a world size that divides {num_heads} ({', '.join(map(str, ok))}) "
-                         f"or change num_heads")
+        raise ValueError(tr("num_heads={num_heads} is not divisible by world_size={world_size}: "
+                            "use a world size that divides {num_heads} ({ok}) or change "
+                            "num_heads", num_heads=num_heads, world_size=world_size,
+                            ok=", ".join(map(str, ok))))
     if seq_len is not None and seq_len % world_size:
-        raise ValueError(f"seq_len={seq_len} is not divisible by world_size={world_size}: each "
-                         f"rank holds seq_len/world_size positions; pad the sequence or use a "
-                         f"world size that divides {seq_len}")
+        raise ValueError(tr("seq_len={seq_len} is not divisible by world_size={world_size}: "
+                            "each rank holds seq_len/world_size positions; pad the sequence or "
+                            "use a world size that divides {seq_len}", seq_len=seq_len,
+                            world_size=world_size))
 
 
 def _all_to_all(send, rank, counter, phase, group):
