@@ -401,4 +401,5 @@ MESSAGES = {
     "stages (world_size <= {n_layers}) or a deeper model":
         "无法把 {n_layers} 层的模型切成 {n_stages} 个阶段：最多使用 {n_layers} 个阶段"
         "（world_size <= {n_layers}），或使用更深的模型",
+    "{median} {unit} (min {lo}, max {hi}, n={n})": "{median} {unit}（最小 {lo}，最大 {hi}，n={n}）",
 }

@@ -39,7 +39,8 @@ class Stats:
 
     def fmt(self, unit="s", scale=1.0, digits=3):
         m, lo, hi = (x * scale for x in (self.median, self.min, self.max))
-        return f"{m:.{digits}g} {unit} (min {lo:.{digits}g}, max {hi:.{digits}g}, n={self.n})"
+        return tr("{median} {unit} (min {lo}, max {hi}, n={n})", median=f"{m:.{digits}g}",
+                  unit=unit, lo=f"{lo:.{digits}g}", hi=f"{hi:.{digits}g}", n=self.n)
 
     def __str__(self):
         return self.fmt()
