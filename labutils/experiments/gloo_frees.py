@@ -1,30 +1,40 @@
 """Collectives whose buffers are freed where ``core.memory.measure_peak`` sees it (06c).
 
 ``measure_peak`` replays the allocator's reports to the profiler, which only listens on the
-thread that started it. gloo runs a collective on its own worker thread and its ``Work`` holds
-the collective's tensors; when that thread drops the last reference, the free goes unreported,
-the replay never sees those bytes come back and the peak creeps up by one buffer per miss,
-differently on every run: 20 all-gathers of 256 KiB in a row on 2 ranks peaked at 2.1 and 4.0
-MiB, one alone at 640 KiB (output, input, gloo's flat output buffer); inside
-``frees_on_this_thread`` 20 peak as one does (``tests/test_zero_training.py``; in 12 idle runs
-of 40 reduce-scatters none was missed; once, on a machine loaded by other processes, one free
-in 20 was, one buffer too many: the bookkeeping narrows the gap, it does not prove it closed).
+thread that started it. gloo runs a collective on its own worker thread, and that thread holds
+references to the collective's tensors for a while after ``wait()`` returns (some ~ms, after
+the tensors' own reference counts are back to what they were: measured). When the caller drops
+a tensor inside that window, gloo's thread frees it, the free goes unreported and the peak
+creeps up by one buffer per miss, differently on every run: 20 all-gathers of 256 KiB in a row
+on 2 ranks peaked at 2.1 and 4.0 MiB, one alone at 640 KiB (output, input, gloo's flat output
+buffer). Waiting for the reference counts to fall is not enough: it missed about one free in
+160 calls (one in 40 runs of 40 calls on an idle machine, twice in 20 calls once in CI).
 
-``frees_on_this_thread()`` makes this thread the last owner of every buffer, for the two
-collectives ZeRO uses, without changing what they compute or send:
+``frees_on_this_thread()`` closes the window for the two collectives ZeRO uses, without
+changing what they compute or send, so that every byte a measured run allocates is freed by
+the thread that allocated it:
 
-* ``all_gather_single``: the real call; after ``wait`` it holds the input and output until
-  gloo's thread has let go of them (microseconds), then returns.
+* ``all_gather_single``: gloo gets *aliases* of the caller's tensors, tensors over the same
+  bytes whose storage does not own them (``torch.frombuffer`` of a ctypes view). gloo's thread
+  may keep and drop the aliases whenever it likes: dropping one frees nothing. The caller's own
+  storages never reach gloo's thread. The call is waited for before returning, so the bytes
+  outlive every use gloo makes of them.
 * ``reduce_scatter_single``: gloo on CPU implements it as a clone of the input, an all-reduce
   of the clone and a copy of this rank's slice out of it (``ProcessGroupGloo::
   reduce_scatter_tensor_coalesced`` in torch 2.13; one call of 1 MiB peaks at input + output
-  + a 1 MiB copy, measured). The stand-in runs exactly those three steps here, so the clone it
-  frees is one this thread owns: the same bytes allocated, the same all-reduce on the wire
-  (gloo's reduce-scatter sends what an all-reduce sends; NCCL's ring reduce-scatter half).
+  + a 1 MiB copy, measured). The stand-in runs exactly those three steps here and then frees
+  the clone's bytes itself (``untyped_storage().resize_(0)``, as FSDP2 frees its unsharded
+  parameters), whoever drops the emptied storage last: the same bytes allocated, the same
+  all-reduce on the wire (gloo's reduce-scatter sends what an all-reduce sends; NCCL's ring
+  reduce-scatter half).
+
+gloo's own scratch buffers are allocated and freed inside the work, where PyTorch propagates
+the profiler to gloo's thread, so they are seen as before.
 """
 import contextlib
-import time
+import ctypes
 
+import torch
 import torch.distributed as dist
 
 
@@ -34,16 +44,16 @@ class _Done:
         return True
 
 
-def _run_then_release(collective, *tensors):
-    """Run ``collective()`` (a gloo call with ``async_op=True``), wait for it, then wait until
-    gloo's worker thread has dropped its references to ``tensors``, so that this thread is the
-    one that frees them."""
-    counts = [t._use_count() for t in tensors]
-    collective().wait()
-    deadline = time.perf_counter() + 1.0  # never block a run on bookkeeping
-    while (any(t._use_count() > c for t, c in zip(tensors, counts))
-           and time.perf_counter() < deadline):
-        time.sleep(0)
+def _alias(t):
+    """A tensor over ``t``'s bytes whose storage does not own them: freeing it frees nothing."""
+    if not t.is_contiguous() or t.device.type != "cpu":
+        raise ValueError("frees_on_this_thread handles contiguous CPU tensors only; "
+                         f"got a {'non-contiguous' if t.device.type == 'cpu' else t.device.type}"
+                         " tensor: pass .contiguous() (CPU) or measure without it")
+    if t.numel() == 0:
+        return t
+    raw = (ctypes.c_char * t.nbytes).from_address(t.data_ptr())
+    return torch.frombuffer(raw, dtype=t.dtype).view(t.shape)
 
 
 @contextlib.contextmanager
@@ -53,15 +63,14 @@ def frees_on_this_thread():
     gather, scatter = dist.all_gather_single, dist.reduce_scatter_single
 
     def all_gather(output, input, group=None, async_op=False):
-        _run_then_release(lambda: gather(output, input, group=group, async_op=True),
-                          output, input)
+        gather(_alias(output), _alias(input), group=group, async_op=True).wait()
         return _Done() if async_op else None  # FSDP2 asks async: done already, same order
 
     def reduce_scatter(output, input, op=dist.ReduceOp.SUM, group=None, async_op=False):
         buffer = input.clone()  # gloo's own first step
-        _run_then_release(lambda: dist.all_reduce(buffer, op=op, group=group, async_op=True),
-                          buffer)
+        dist.all_reduce(buffer, op=op, group=group)
         output.copy_(buffer.chunk(dist.get_world_size(group))[dist.get_rank(group)])
+        buffer.untyped_storage().resize_(0)  # its bytes are freed here, whoever drops it last
         return _Done() if async_op else None
 
     dist.all_gather_single, dist.reduce_scatter_single = all_gather, reduce_scatter
