@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from labutils.core import _zh, i18n, tables
 from labutils.core.env import ROOT
 
 PACKAGE = os.path.dirname(os.path.abspath(__file__))
@@ -196,24 +197,29 @@ def rank_modules():
     return tuple(path for path in MODULES.values() if path.split(".")[1] in RANK_LAYERS)
 
 
-def markdown_table(link_prefix="notebooks/"):
-    """The labs as a Markdown table; labs not written yet are marked as coming."""
-    head = ("| article chapter | notebook | labutils | what it shows | minutes on a laptop "
-            "| CPU/GPU |\n|---|---|---|---|---|---|")
+def markdown_table(link_prefix="notebooks/", language="en"):
+    """The labs as a Markdown table, in English or in Chinese ("zh", the map of the Chinese
+    edition: ``core/_zh.py``'s ``COURSE_*``); labs not written yet are marked as coming."""
+    if language not in ("en", "zh"):
+        raise ValueError(f"no course map in {language!r}; the choices are 'en', 'zh'")
+    zh = language == "zh"
+    header = (_zh.COURSE_HEADER if zh else ("article chapter", "notebook", "labutils",
+                                             "what it shows", "minutes on a laptop", "CPU/GPU"))
     rows = []
     for lab in LABS:
         name = (f"[{lab.notebook}]({link_prefix}{lab.notebook}.ipynb)" if lab.exists
-                else f"{lab.notebook} (coming)")
-        modules = ", ".join(f"`{m}`" for m in lab.modules)
-        rows.append(f"| {lab.chapter} | {name} | {modules} | {lab.shows} | "
-                    f"{lab.minutes} | {lab.device} |")
-    return head + "\n" + "\n".join(rows)
+                else f"{lab.notebook} {_zh.COURSE_COMING if zh else '(coming)'}")
+        rows.append((lab.chapter, name, ", ".join(f"`{m}`" for m in lab.modules),
+                     _zh.COURSE_SHOWS[lab.notebook] if zh else lab.shows, lab.minutes,
+                     _zh.COURSE_DEVICES[lab.device] if zh else lab.device))
+    return tables.markdown_table(rows, header)
 
 
 def show_map():
-    """Display the course map in a notebook (links relative to notebooks/)."""
+    """Display the course map in a notebook (links relative to the notebook's folder), in the
+    language set by ``lu.set_language``."""
     from IPython.display import Markdown, display
-    display(Markdown(markdown_table(link_prefix="")))
+    display(Markdown(markdown_table(link_prefix="", language=i18n.language())))
 
 
 README_START, README_END = "<!-- labs:start -->", "<!-- labs:end -->"

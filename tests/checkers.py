@@ -25,6 +25,7 @@ import re
 from dataclasses import dataclass
 
 import pytest
+import torch
 
 
 @dataclass(frozen=True)
@@ -100,3 +101,20 @@ def assert_check(checker, answer, verdict):
     for want in verdict.words:
         _assert_says(result, want)
     return result
+
+
+def square_function(backward):
+    """Lab 02's exercise answered with ``backward(x, grad_output)``: a custom autograd square
+    whose forward is right, for the checker's tests (English and Chinese) to feed it wrong
+    gradients."""
+    class Attempt(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x ** 2
+
+        @staticmethod
+        def backward(ctx, grad_output):
+            (x,) = ctx.saved_tensors
+            return backward(x, grad_output)
+    return Attempt

@@ -164,10 +164,10 @@ WRONG_AVERAGE = (  # names case, rank and element
                            "marked # FILL ME IN")),
     # a deadlock is caught by the timeout, naming the ranks and where they wait
     "deadlocking_send_order": (deadlocking_send_order, (
-        starts_with(f"[wrong] average_gradients: {FIRST_CASE}: did not finish in 5 s "
+        starts_with(f"[wrong] average_gradients: {FIRST_CASE}: did not finish in 10 s "
                     "(deadlock?): "),
         "rank 0 waiting in dist.recv", "rank 1 waiting in dist.recv",
-        "of deadlocking_send_order"), {"timeout": 5}),
+        "of deadlocking_send_order"), {"timeout": 10}),
 }, passes=exactly("[ok] average_gradients: 3 cases passed (world sizes 2, 3, 4)")))
 def test_check_average_gradients(answer, verdict):
     assert_check(exercises.check_average_gradients, answer, verdict)

@@ -24,6 +24,8 @@ from labutils.core.timing import Stats, versus
 from labutils.exercises import lab01, lab02
 from labutils.viz import figures, plots, timeline_plot, widgets
 
+from .checkers import square_function
+
 matplotlib.use("Agg")
 
 PACKAGE = Path(lu.__file__).parent
@@ -137,16 +139,7 @@ def test_panel_labels_follow_the_language():
 
 # ---- checkers ----------------------------------------------------------------------------------
 
-class _HalfSquare(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return x ** 2
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        (x,) = ctx.saved_tensors
-        return x * grad_output
+_HalfSquare = square_function(lambda x, grad_output: x * grad_output)
 
 
 SQUARE_EN = ("[wrong] square: case 1 of 3 (x of shape [3]): wrong gradient: x * grad_output is "
@@ -157,7 +150,7 @@ def test_a_single_process_checker_speaks_chinese_then_english_again():
     assert lu.check_square(_HalfSquare).message == SQUARE_EN
     lu.set_language("zh")
     assert lu.check_square(_HalfSquare).message == (
-        "[wrong] square：共 3 个用例，第 1 个未通过（x 的形状为 [3]）：梯度错误：x * grad_output "
+        "[错误] square：共 3 个用例，第 1 个未通过（x 的形状为 [3]）：梯度错误：x * grad_output "
         "只是一半：d(x**2)/dx = 2x")
     lu.set_language("en")
     assert lu.check_square(_HalfSquare).message == SQUARE_EN
@@ -183,11 +176,11 @@ def test_a_multi_rank_checker_composes_its_words_in_the_notebooks_language():
     assert english == MAX_EN.format(seed=seed)
     lu.set_language("zh")
     chinese = lu.check_max_allreduce(_sums).message
-    assert chinese == (f"[wrong] max_allreduce：共 2 个用例，第 1 个未通过（world_size=2, seed={seed}）"
+    assert chinese == (f"[错误] max_allreduce：共 2 个用例，第 1 个未通过（world_size=2, seed={seed}）"
                        f"：rank 0，键 '内容'：应为 '所有 rank 的逐元素最大值'，实际为 "
                        f"'这是总和：除非 op=ReduceOp.MAX，all_reduce 默认求和'")
     passed = lu.check_max_allreduce(lab01.max_allreduce).message
-    assert passed == "[ok] max_allreduce：2 个用例全部通过（进程总数 2, 3）"
+    assert passed == "[通过] max_allreduce：2 个用例全部通过（进程总数 2, 3）"
     lu.set_language("en")
     assert lu.check_max_allreduce(_sums).message == english
 
@@ -199,9 +192,9 @@ def test_not_implemented_and_count_messages():
         "[to do] count_graph_nodes: not implemented yet; fill in the lines marked # FILL ME IN")
     lu.set_language("zh")
     assert lu.check_count_graph_nodes(stub).message == (
-        "[to do] count_graph_nodes：尚未实现；请补全标有 # FILL ME IN 的代码行")
+        "[待完成] count_graph_nodes：尚未实现；请补全标有 # FILL ME IN 的代码行")
     assert lu.check_count_graph_nodes(lab02.count_graph_nodes).message == (
-        "[ok] count_graph_nodes：3 个计算图全部通过")
+        "[通过] count_graph_nodes：3 个计算图全部通过")
 
 
 # ---- figures keep English labels ---------------------------------------------------------------

@@ -143,11 +143,11 @@ def test_timeout_names_where_each_rank_is_stuck():
     recv_line = inspect.getsourcelines(deadlock)[1] + 3  # the dist.recv line
     sleep_line = recv_line + 2
     with pytest.raises(lu.LaunchTimeout) as info:
-        lu.launch(deadlock, world_size=2, timeout=5)
+        lu.launch(deadlock, world_size=2, timeout=10)  # the rendezvous runs inside it too
     err = info.value
     assert isinstance(err, TimeoutError) and isinstance(err, lu.WorkerError)
     msg = str(err)
-    assert msg.startswith("launch timed out after 5 s; still running: ")
+    assert msg.startswith("launch timed out after 10 s; still running: ")
     assert f"rank 1 waiting in dist.recv, line {recv_line} of deadlock" in msg
     assert f"rank 0 in sleep, line {sleep_line} of deadlock" in msg or \
         f"rank 0 running, line {sleep_line} of deadlock" in msg

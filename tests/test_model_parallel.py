@@ -236,6 +236,14 @@ def test_naive_model_parallel_counts_two_messages_per_boundary_and_keeps_step_sp
     for r in results:
         assert len(r["step_spans"]) == 2
         assert [[s.name for s in step] for step in r["step_spans"]] == [["forward", "backward"]] * 2
+    # a chain: each stage computes only after its neighbour's message arrived, so the spans of
+    # neighbours never overlap (the backward span ends before its gradient is sent); the clock
+    # (perf_counter, CLOCK_MONOTONIC) is one for every process on Linux
+    for step in range(2):
+        spans = [{s.name: s for s in r["step_spans"][step]} for r in results]
+        for k in range(len(results) - 1):
+            assert spans[k]["forward"].end <= spans[k + 1]["forward"].start
+            assert spans[k + 1]["backward"].end <= spans[k]["backward"].start
 
 
 # ---- the exercise checker ----------------------------------------------------------------

@@ -70,16 +70,21 @@ def _reduce_scatter_both_ways(rank, world_size):
         dist.reduce_scatter_single(stand_in, full.clone())
         gathered = torch.empty(12)
         dist.all_gather_single(gathered, stand_in.clone())
-    return real, stand_in, gathered, dist.reduce_scatter_single.__name__
+        summed = full.clone()
+        dist.all_reduce(summed)
+    names = (dist.reduce_scatter_single.__name__, dist.all_gather_single.__name__,
+             dist.all_reduce.__name__)
+    return real, stand_in, gathered, summed, names
 
 
 @pytest.mark.slow
 def test_measurement_stand_in_computes_what_gloo_does_and_is_undone():
-    for real, stand_in, gathered, name in lu.launch(_reduce_scatter_both_ways, world_size=3,
-                                                         warn_oversubscription=False):
+    for real, stand_in, gathered, summed, names in lu.launch(
+            _reduce_scatter_both_ways, world_size=3, warn_oversubscription=False):
         torch.testing.assert_close(stand_in, real)
         torch.testing.assert_close(gathered, torch.arange(12.0) * 6)  # 1 + 2 + 3
-        assert name == "reduce_scatter_single"  # the original is back
+        torch.testing.assert_close(summed, torch.arange(12.0) * 6)
+        assert names == ("reduce_scatter_single", "all_gather_single", "all_reduce")  # back
 
 
 def _peaks(rank, world_size, calls):
@@ -90,21 +95,24 @@ def _peaks(rank, world_size, calls):
             del full, shard  # before the next pair exists
     rs = lambda full, shard: dist.reduce_scatter_single(shard, full)  # noqa: E731
     ag = lambda full, shard: dist.all_gather_single(full, shard)  # noqa: E731
+    ar = lambda full, shard: dist.all_reduce(full)  # noqa: E731
     with frees_on_this_thread():
-        return [measure_peak(loop, c)[1] for c in (rs, ag)]
+        return [measure_peak(loop, c)[1] for c in (rs, ag, ar)]
 
 
 @pytest.mark.slow
 def test_measured_peak_of_collectives_does_not_creep_with_their_number():
     # one reduce-scatter of 256 KiB: input + output + gloo's copy of the input; one all-gather:
-    # output + input + gloo's flat output buffer. 20 in a row peak exactly as one does: every
-    # free was seen. (gloo's own calls, 20 in a row, peaked at 2.1-4.0 MiB; waiting for the
-    # reference counts to fall instead missed about one free in 160 calls: gloo_frees' docstring)
+    # output + input + gloo's flat output buffer; one all-reduce: its tensor and the idle shard.
+    # 20 in a row peak exactly as one does: every free was seen. (gloo's own calls, 20 in a
+    # row, peaked at 2.1-4.0 MiB; waiting for the reference counts to fall instead missed about
+    # one free in 160 calls: gloo_frees' docstring)
     one = lu.launch(_peaks, 1, world_size=2)
     many = lu.launch(_peaks, 20, world_size=2)
-    for (rs, ag), (rs20, ag20) in zip(one, many):
+    for (rs, ag, ar), (rs20, ag20, ar20) in zip(one, many):
         assert rs == ag == 2 ** 18 * 5 // 2
-        assert (rs20, ag20) == (rs, ag)
+        assert ar == 2 ** 18 * 3 // 2            # gloo reduces in place: no buffer of its own
+        assert (rs20, ag20, ar20) == (rs, ag, ar)
 
 
 def test_stand_in_refuses_a_tensor_it_cannot_alias_and_names_the_fix():

@@ -48,7 +48,7 @@ MESSAGES = {
 
     # ---- exercises.base: the pieces of every checker's message ---------------------------
     "fill in the lines marked # FILL ME IN": "请补全标有 # FILL ME IN 的代码行",
-    "[to do] {name}: not implemented yet; {todo}": "[to do] {name}：尚未实现；{todo}",
+    "[to do] {name}: not implemented yet; {todo}": "[待完成] {name}：尚未实现；{todo}",
     "expected {e}, got {g}": "应为 {e}，实际为 {g}",
     "element {index}: {diff}": "元素 {index}：{diff}",
     "a tensor of shape {shape}": "形状为 {shape} 的张量",
@@ -60,11 +60,11 @@ MESSAGES = {
     "rank {rank} raised {error}: {message}": "rank {rank} 抛出 {error}：{message}",
     "rank {rank} raised {error}": "rank {rank} 抛出 {error}",
     "[wrong] {name}: case {number} of {total} ({case})":
-        "[wrong] {name}：共 {total} 个用例，第 {number} 个未通过（{case}）",
+        "[错误] {name}：共 {total} 个用例，第 {number} 个未通过（{case}）",
     "1 case passed": "1 个用例通过",
     "{total} cases passed": "{total} 个用例全部通过",
-    "[ok] {name}: {passed} (world size {sizes})": "[ok] {name}：{passed}（进程总数 {sizes}）",
-    "[ok] {name}: {passed} (world sizes {sizes})": "[ok] {name}：{passed}（进程总数 {sizes}）",
+    "[ok] {name}: {passed} (world size {sizes})": "[通过] {name}：{passed}（进程总数 {sizes}）",
+    "[ok] {name}: {passed} (world sizes {sizes})": "[通过] {name}：{passed}（进程总数 {sizes}）",
     "missing key {key!r}": "缺少键 {key!r}",
     "unexpected key {key!r}": "多出了键 {key!r}",
     "key {key!r}: {diff}": "键 {key!r}：{diff}",
@@ -92,7 +92,7 @@ MESSAGES = {
     "its own start: no collective changed it": "仍是它的初始值：没有任何集合通信改变它",
     "the min over all ranks (ReduceOp.MIN)": "所有 rank 的最小值（ReduceOp.MIN）",
     "[ok] {name}: {n} cases passed, equal to FlopCounterMode's count":
-        "[ok] {name}：{n} 个用例全部通过，与 FlopCounterMode 的计数相等",
+        "[通过] {name}：{n} 个用例全部通过，与 FlopCounterMode 的计数相等",
     "that is the forward pass alone; backward does two more matmuls per layer (weight "
     "gradient and input gradient)":
         "这只是前向传播；反向传播每层还要做两次矩阵乘法（权重梯度和输入梯度）",
@@ -140,8 +140,8 @@ MESSAGES = {
         "{where}：backward 应返回一个与 x 形状相同的梯度",
     "{where}: wrong gradient: {why}": "{where}：梯度错误：{why}",
     "[wrong] {name}: gradcheck disagrees with your backward":
-        "[wrong] {name}：gradcheck 与你的 backward 不一致",
-    "[ok] {name}: {n} cases and gradcheck passed": "[ok] {name}：{n} 个用例和 gradcheck 全部通过",
+        "[错误] {name}：gradcheck 与你的 backward 不一致",
+    "[ok] {name}: {n} cases and gradcheck passed": "[通过] {name}：{n} 个用例和 gradcheck 全部通过",
     "tanh(a * b) used twice": "tanh(a * b) 被使用两次",
     "a and b each used twice": "a 和 b 各被使用两次",
     "a chain that forks and joins": "先分叉再汇合的链",
@@ -157,7 +157,7 @@ MESSAGES = {
     "lu.check_count_graph_nodes(count_graph_nodes)":
         "check_count_graph_nodes 需要传入函数本身，例如 "
         "lu.check_count_graph_nodes(count_graph_nodes)",
-    "[ok] {name}: {n} graphs passed": "[ok] {name}：{n} 个计算图全部通过",
+    "[ok] {name}: {n} graphs passed": "[通过] {name}：{n} 个计算图全部通过",
 
     # ---- lab 03a -----------------------------------------------------------------------
     "every rank's tensor is unchanged: write the sum into `tensor` itself, in place":
@@ -222,7 +222,7 @@ MESSAGES = {
     "backward passes that all-reduced": "做了全归约的反向传播次数",
 
     # ---- lab 05 ------------------------------------------------------------------------
-    "[ok] {name}: {total} cases passed": "[ok] {name}：{total} 个用例全部通过",
+    "[ok] {name}: {total} cases passed": "[通过] {name}：{total} 个用例全部通过",
     "at that m the idle share equals the target; below means strictly less (<, not <=)":
         "在这个 m 下空闲占比恰好等于目标；低于意味着严格小于（<，而不是 <=）",
     "that is the m for p/(m+p); the idle share of p stages is (p-1)/(m+p-1): p-1 slots of "
@@ -352,7 +352,7 @@ MESSAGES = {
         "check_merge_attention_blocks 需要传入函数本身，例如 "
         "lu.check_merge_attention_blocks(my_merge)",
     "[ok] {name}: {total} cases passed, equal to attention over both blocks' keys at once":
-        "[ok] {name}：{total} 个用例全部通过，与一次对两个块的全部键计算的注意力相等",
+        "[通过] {name}：{total} 个用例全部通过，与一次对两个块的全部键计算的注意力相等",
     # ring_timing.slowest_words
     "rank {slow} was the slowest ({slow_time}); it was {verdict} rank {fast} ({fast_time}); "
     "per round, rank {slow} took {lo:.2f}x to {hi:.2f}x rank {fast}'s time":
@@ -402,4 +402,69 @@ MESSAGES = {
         "无法把 {n_layers} 层的模型切成 {n_stages} 个阶段：最多使用 {n_layers} 个阶段"
         "（world_size <= {n_layers}），或使用更深的模型",
     "{median} {unit} (min {lo}, max {hi}, n={n})": "{median} {unit}（最小 {lo}，最大 {hi}，n={n}）",
+}
+
+# ---- course.show_map: the course map in the Chinese edition (the README's stays English) ----
+COURSE_HEADER = ("文章章节", "笔记本", "labutils", "内容", "笔记本电脑上的分钟数", "CPU/GPU")
+COURSE_DEVICES = {"CPU (GPU optional)": "CPU（GPU 可选）"}
+COURSE_COMING = "（即将推出）"
+COURSE_SHOWS = {  # notebook -> Lab.shows in Chinese
+    "01_introduction":
+        "这台机器；在笔记本单元格里运行第一个 2 个 rank 的全归约；出错或死锁的"
+        " rank 是什么样子；训练的 FLOPs（计数）以及时间随数据量和模型规模的变化；"
+        "在各 rank 内部计时的数据切分，启动开销单独列出",
+    "02_pytorch_essentials":
+        "动态图，自动微分与有限差分的对照，grad_fn 与保存的张量，在真实手写数字上的训练循环，"
+        "保存权重；torch.distributed 全景图，每种启动器各运行一次",
+    "03a_parallelism_concepts":
+        "数据并行与模型并行；每种集合通信都在真实 rank 上运行并画出来；"
+        "用 send/recv 实现的环形全归约与 dist.all_reduce 对照；计数每条链路的字节数和消息步数（环形、"
+        "递归倍增、经由根节点）；拟合延迟和带宽（α-β 模型）并给出离散范围",
+    "03b_sync_async_sgd":
+        "在相同工作量下比较同步 SGD、参数服务器与 Hogwild；掉队者；陈旧度对收敛的影响，"
+        "按轨迹重放的参数服务器",
+    "03c_scenarios":
+        "图像、语言和视频负载在 1 个和 2 个 rank 上运行；计算与通信之比，"
+        "以及它能解释和不能解释的东西",
+    "03d_communication_challenges":
+        "小消息与桶的对照；压缩，以及它何时划算",
+    "03e_consistency_and_hardware":
+        "set_epoch 及其对训练的影响，逐 rank 的 BatchNorm 与同步 BatchNorm"
+        " 的对照，非确定性；权重、梯度、优化器状态和激活值的内存；超额订阅",
+    "04a_ddp_from_scratch":
+        "朴素的梯度全归约、钩子、带重叠的桶；每一种都检查与单进程以及 PyTorch"
+        " 的 DDP 相等",
+    "04b_ddp_in_practice":
+        "DistributedSampler，no_sync 梯度累积，压缩钩子，从检查点精确恢复，"
+        "杀掉一个工作进程的 torchrun",
+    "04c_ddp_performance":
+        "带误差范围的强扩展与弱扩展，逐 rank 的时间线，桶大小扫描与成本模型的对照，"
+        "共享内存全归约，在仿真的 100 Mb-10 Gb 链路上使用桶、重叠和 bf16"
+        " 的加速比",
+    "05_model_parallel_principles":
+        "内存墙，逐 rank 实测峰值与公式的对照；用 send/recv 实现的朴素层切分，"
+        "检查与单进程相等；它的空闲时间线；微批次，实测 send 与 isend 并与"
+        " (p-1)/(m+p-1) 对照；切分矩阵乘法",
+    "06a_pipeline_parallel":
+        "用 send/recv 实现的 GPipe 和 1F1B，检查相等；气泡的计数与实测（仿真的计算）"
+        "并与 (p-1)/(m+p-1) 对照；torch.distributed.pipelining，包括交错式"
+        " 1F1B 和零气泡；激活值字节数；阶段均衡",
+    "06b_tensor_parallel":
+        "Megatron 列并行/行并行层、并行 MLP、注意力和整层，检查相等；每层的字节数和全归约次数；"
+        "一层分别在 1 个 rank、张量并行和数据并行下计时，附时间线；torch.distributed.tensor.parallel",
+    "06c_sharding_and_memory":
+        "从零实现 ZeRO 1/2/3 与 FSDP2，检查相等（包括填充）；包在权重绑定"
+        " GPT 外的 ZeRO-3 与 fully_shard 相等；每个阶段实测峰值减去激活值，"
+        "与 ZeRO 公式相差不超过 5%；带离散范围计时的检查点与 bf16；二维网格；"
+        "交错进行的优化演练",
+    "06d_sequence_context_expert":
+        "Megatron 序列并行（字节数与张量并行相同，激活值内存按公式计数对照）"
+        "，带在线 softmax 的环形注意力、锯齿形均衡和实测的重叠时间线，Ulysses"
+        " 全交换注意力，混合专家层的专家并行，计数容量与被丢弃的槽位：每一种都在"
+        " 2、3、4 个 rank 上检查与单进程相等（输出和每个梯度）",
+    "07_conclusion_outlook":
+        "在这里拟合的成本模型，在留出的全归约和真实 DDP 步上检验（仿真链路只检验仿真器）"
+        "；一个规划器（GQA、SwiGLU、交错、序列并行与上下文并行、专家并行、"
+        "选择性重计算），在未参与拟合的已发表训练上检验，与基线对照，并逐项外推到"
+        " 4,096 个 GPU",
 }

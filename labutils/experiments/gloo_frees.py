@@ -10,26 +10,26 @@ on 2 ranks peaked at 2.1 and 4.0 MiB, one alone at 640 KiB (output, input, gloo'
 buffer). Waiting for the reference counts to fall is not enough: it missed about one free in
 160 calls (one in 40 runs of 40 calls on an idle machine, twice in 20 calls once in CI).
 
-``frees_on_this_thread()`` closes the window for the two collectives ZeRO uses, without
-changing what they compute or send, so that every byte a measured run allocates is freed by
-the thread that allocated it:
+``frees_on_this_thread()`` closes the window for the three collectives data parallelism and
+ZeRO use, without changing what they compute or send, so that every byte a measured run
+allocates is freed by the thread that allocated it:
 
-* ``all_gather_single``: gloo gets *aliases* of the caller's tensors, tensors over the same
-  bytes whose storage does not own them (``torch.frombuffer`` of a ctypes view). gloo's thread
-  may keep and drop the aliases whenever it likes: dropping one frees nothing. The caller's own
-  storages never reach gloo's thread. The call is waited for before returning, so the bytes
-  outlive every use gloo makes of them.
+* ``all_reduce`` and ``all_gather_single``: gloo gets *aliases* of the caller's tensors,
+  tensors over the same bytes whose storage does not own them (``torch.frombuffer`` of a
+  ctypes view). gloo's thread may keep and drop the aliases whenever it likes: dropping one
+  frees nothing. The caller's own storages never reach gloo's thread. Each call is waited for
+  before it returns, so the bytes outlive every use gloo makes of them.
 * ``reduce_scatter_single``: gloo on CPU implements it as a clone of the input, an all-reduce
   of the clone and a copy of this rank's slice out of it (``ProcessGroupGloo::
   reduce_scatter_tensor_coalesced`` in torch 2.13; one call of 1 MiB peaks at input + output
-  + a 1 MiB copy, measured). The stand-in runs exactly those three steps here and then frees
-  the clone's bytes itself (``untyped_storage().resize_(0)``, as FSDP2 frees its unsharded
-  parameters), whoever drops the emptied storage last: the same bytes allocated, the same
+  + a 1 MiB copy, measured). The stand-in runs exactly those three steps here, the all-reduce
+  on an alias of the clone, so the clone is freed here: the same bytes allocated, the same
   all-reduce on the wire (gloo's reduce-scatter sends what an all-reduce sends; NCCL's ring
   reduce-scatter half).
 
 gloo's own scratch buffers are allocated and freed inside the work, where PyTorch propagates
-the profiler to gloo's thread, so they are seen as before.
+the profiler to gloo's thread, so they are seen as before. Within, the three calls accept
+contiguous CPU tensors only (what these runs pass); anything else is refused, naming the fix.
 """
 import contextlib
 import ctypes
@@ -58,9 +58,14 @@ def _alias(t):
 
 @contextlib.contextmanager
 def frees_on_this_thread():
-    """Within: gloo's all-gather and reduce-scatter leave every buffer to this thread to free,
-    where the profiler sees it (see the module docstring). Restores both on exit."""
-    gather, scatter = dist.all_gather_single, dist.reduce_scatter_single
+    """Within: gloo's all-reduce, all-gather and reduce-scatter leave every buffer to this
+    thread to free, where the profiler sees it (see the module docstring). Restores all three
+    on exit."""
+    reduce, gather, scatter = dist.all_reduce, dist.all_gather_single, dist.reduce_scatter_single
+
+    def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
+        reduce(_alias(tensor), op=op, group=group, async_op=True).wait()
+        return _Done() if async_op else None  # done already, same order
 
     def all_gather(output, input, group=None, async_op=False):
         gather(_alias(output), _alias(input), group=group, async_op=True).wait()
@@ -68,13 +73,14 @@ def frees_on_this_thread():
 
     def reduce_scatter(output, input, op=dist.ReduceOp.SUM, group=None, async_op=False):
         buffer = input.clone()  # gloo's own first step
-        dist.all_reduce(buffer, op=op, group=group)
+        all_reduce(buffer, op=op, group=group)
         output.copy_(buffer.chunk(dist.get_world_size(group))[dist.get_rank(group)])
-        buffer.untyped_storage().resize_(0)  # its bytes are freed here, whoever drops it last
         return _Done() if async_op else None
 
-    dist.all_gather_single, dist.reduce_scatter_single = all_gather, reduce_scatter
+    dist.all_reduce, dist.all_gather_single, dist.reduce_scatter_single = (
+        all_reduce, all_gather, reduce_scatter)
     try:
         yield
     finally:
-        dist.all_gather_single, dist.reduce_scatter_single = gather, scatter
+        dist.all_reduce, dist.all_gather_single, dist.reduce_scatter_single = (
+            reduce, gather, scatter)
