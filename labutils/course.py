@@ -210,7 +210,7 @@ def markdown_table(link_prefix="notebooks/", language="en"):
         name = (f"[{lab.notebook}]({link_prefix}{lab.notebook}.ipynb)" if lab.exists
                 else f"{lab.notebook} {_zh.COURSE_COMING if zh else '(coming)'}")
         rows.append((lab.chapter, name, ", ".join(f"`{m}`" for m in lab.modules),
-                     _zh.COURSE_SHOWS[lab.notebook] if zh else lab.shows, lab.minutes,
+                     _zh.COURSE_SHOWS[lab.shows] if zh else lab.shows, lab.minutes,
                      _zh.COURSE_DEVICES[lab.device] if zh else lab.device))
     return tables.markdown_table(rows, header)
 

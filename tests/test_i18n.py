@@ -12,7 +12,6 @@ from pathlib import Path
 
 import matplotlib
 import pytest
-import torch
 import torch.distributed as dist
 
 import labutils as lu
@@ -25,6 +24,8 @@ from labutils.exercises import lab01, lab02
 from labutils.viz import figures, plots, timeline_plot, widgets
 
 from .checkers import square_function
+from .test_collectives import _reduce_scatter_only
+from .test_lab03b_exercise import _fresh
 
 matplotlib.use("Agg")
 
@@ -183,6 +184,18 @@ def test_a_multi_rank_checker_composes_its_words_in_the_notebooks_language():
     assert passed == "[通过] max_allreduce：2 个用例全部通过（进程总数 2, 3）"
     lu.set_language("en")
     assert lu.check_max_allreduce(_sums).message == english
+
+
+@pytest.mark.slow
+def test_checkers_still_name_the_typical_mistake_in_chinese():
+    """03a's and 03b's checkers add what a typical mistake means after the failing case; the
+    message's tag is Chinese in the Chinese edition, and the diagnosis must still come."""
+    lu.set_language("zh")
+    ring = lu.check_ring_all_reduce(_reduce_scatter_only).message
+    assert ring.startswith("[错误] ring_all_reduce：")
+    assert "只在第" in ring and "之后还需 p - 1 步全收集" in ring
+    stale = lu.check_stale_update(_fresh).message
+    assert stale.startswith("[错误] stale_update：") and "这是同步随机梯度下降（SGD），陈旧度为 0" in stale
 
 
 def test_not_implemented_and_count_messages():

@@ -2,8 +2,10 @@
 
 A Python dict rather than a JSON file: it ships inside the package with no package-data
 setting, loads in the forkserver with the rest of ``core`` (no file to open in every rank), and
-takes comments. Keys are the literals passed to ``tr`` in labutils, character for character;
-each Chinese template uses the same ``{placeholders}`` (tests/test_i18n.py checks both ways).
+takes comments. ``MESSAGES``' keys are the literals passed to ``tr`` in labutils, character for
+character; each Chinese template uses the same ``{placeholders}`` (tests/test_i18n.py checks
+both ways). ``COURSE_*`` at the end hold the course map of the Chinese edition
+(``course.show_map``), keyed by the English text of ``course.LABS`` (tests/test_course.py).
 Terms follow the course's glossary; numbers, code and API names stay as they are.
 """
 
@@ -408,61 +410,90 @@ MESSAGES = {
 COURSE_HEADER = ("文章章节", "笔记本", "labutils", "内容", "笔记本电脑上的分钟数", "CPU/GPU")
 COURSE_DEVICES = {"CPU (GPU optional)": "CPU（GPU 可选）"}
 COURSE_COMING = "（即将推出）"
-COURSE_SHOWS = {  # notebook -> Lab.shows in Chinese
-    "01_introduction":
+COURSE_SHOWS = {  # Lab.shows (English, character for character) -> Chinese
+    "this machine; a first 2-rank all-reduce from a notebook cell; what a failing or deadlocked"
+    " rank looks like; training FLOPs (counted) and time vs data and model size; a data split"
+    " timed inside the ranks, launch cost apart":
         "这台机器；在笔记本单元格里运行第一个 2 个 rank 的全归约；出错或死锁的"
         " rank 是什么样子；训练的 FLOPs（计数）以及时间随数据量和模型规模的变化；"
         "在各 rank 内部计时的数据切分，启动开销单独列出",
-    "02_pytorch_essentials":
+    "dynamic graphs, autograd vs finite differences, grad_fn and saved tensors, a training "
+    "loop on real digits, saving weights; the torch.distributed map with each launcher run "
+    "once":
         "动态图，自动微分与有限差分的对照，grad_fn 与保存的张量，在真实手写数字上的训练循环，"
         "保存权重；torch.distributed 全景图，每种启动器各运行一次",
-    "03a_parallelism_concepts":
+    "data vs model parallelism; every collective on real ranks, drawn; ring all-reduce from"
+    " send/recv vs dist.all_reduce; bytes per link and message steps counted (ring, recursive"
+    " doubling, via a root); latency and bandwidth fitted (alpha-beta) with their spread":
         "数据并行与模型并行；每种集合通信都在真实 rank 上运行并画出来；"
         "用 send/recv 实现的环形全归约与 dist.all_reduce 对照；计数每条链路的字节数和消息步数（环形、"
         "递归倍增、经由根节点）；拟合延迟和带宽（α-β 模型）并给出离散范围",
-    "03b_sync_async_sgd":
+    "sync SGD, a parameter server and Hogwild at equal work; a straggler; what staleness does"
+    " to convergence, a parameter server replayed from its trace":
         "在相同工作量下比较同步 SGD、参数服务器与 Hogwild；掉队者；陈旧度对收敛的影响，"
         "按轨迹重放的参数服务器",
-    "03c_scenarios":
+    "image, language and video workloads on 1 and 2 ranks; compute-to-communication ratio and"
+    " what it does and does not explain":
         "图像、语言和视频负载在 1 个和 2 个 rank 上运行；计算与通信之比，"
         "以及它能解释和不能解释的东西",
-    "03d_communication_challenges":
+    "small messages vs buckets; compression, and when it pays":
         "小消息与桶的对照；压缩，以及它何时划算",
-    "03e_consistency_and_hardware":
+    "set_epoch and its effect on training, BatchNorm per rank vs synchronised, nondeterminism;"
+    " memory of weights, gradients, optimiser state, activations; oversubscription":
         "set_epoch 及其对训练的影响，逐 rank 的 BatchNorm 与同步 BatchNorm"
         " 的对照，非确定性；权重、梯度、优化器状态和激活值的内存；超额订阅",
-    "04a_ddp_from_scratch":
+    "naive gradient all-reduce, hooks, buckets with overlap; each checked equal to one process"
+    " and to PyTorch's DDP":
         "朴素的梯度全归约、钩子、带重叠的桶；每一种都检查与单进程以及 PyTorch"
         " 的 DDP 相等",
-    "04b_ddp_in_practice":
+    "DistributedSampler, no_sync accumulation, compression hooks, exact resume from a checkpoint,"
+    " torchrun with a killed worker":
         "DistributedSampler，no_sync 梯度累积，压缩钩子，从检查点精确恢复，"
         "杀掉一个工作进程的 torchrun",
-    "04c_ddp_performance":
+    "strong and weak scaling with error bars, per-rank timelines, bucket sweep vs cost model,"
+    " a shared-memory all-reduce, speedup on emulated 100 Mb-10 Gb links with buckets, overlap"
+    " and bf16":
         "带误差范围的强扩展与弱扩展，逐 rank 的时间线，桶大小扫描与成本模型的对照，"
         "共享内存全归约，在仿真的 100 Mb-10 Gb 链路上使用桶、重叠和 bf16"
         " 的加速比",
-    "05_model_parallel_principles":
+    "the memory wall, per-rank peaks measured vs the formula; a naive layer split with send/recv"
+    " checked equal to one process; its idle timeline; micro-batches with send vs isend measured"
+    " against (p-1)/(m+p-1); splitting a matmul":
         "内存墙，逐 rank 实测峰值与公式的对照；用 send/recv 实现的朴素层切分，"
         "检查与单进程相等；它的空闲时间线；微批次，实测 send 与 isend 并与"
         " (p-1)/(m+p-1) 对照；切分矩阵乘法",
-    "06a_pipeline_parallel":
+    "GPipe and 1F1B from send/recv, checked equal; bubbles counted and measured (emulated compute)"
+    " vs (p-1)/(m+p-1); torch.distributed.pipelining incl. interleaved 1F1B and zero bubble;"
+    " activation bytes; stage balance":
         "用 send/recv 实现的 GPipe 和 1F1B，检查相等；气泡的计数与实测（仿真的计算）"
         "并与 (p-1)/(m+p-1) 对照；torch.distributed.pipelining，包括交错式"
         " 1F1B 和零气泡；激活值字节数；阶段均衡",
-    "06b_tensor_parallel":
+    "Megatron column/row-parallel layers, parallel MLP, attention and layer, checked equal;"
+    " bytes and all-reduces per layer; a layer timed on 1 rank vs TP vs DP, with timelines;"
+    " torch.distributed.tensor.parallel":
         "Megatron 列并行/行并行层、并行 MLP、注意力和整层，检查相等；每层的字节数和全归约次数；"
         "一层分别在 1 个 rank、张量并行和数据并行下计时，附时间线；torch.distributed.tensor.parallel",
-    "06c_sharding_and_memory":
-        "从零实现 ZeRO 1/2/3 与 FSDP2，检查相等（包括填充）；包在权重绑定"
+    "ZeRO 1/2/3 from scratch and FSDP2, checked equal (padding included); ZeRO-3 around a tied-head"
+    " GPT equal to fully_shard; measured peak minus activations within 5% of the ZeRO formula"
+    " per stage; checkpointing and bf16 timed with spread; a 2-D mesh; an interleaved optimisation"
+    " walk-through":
+        "从零实现的 ZeRO 1/2/3，以及 FSDP2，检查相等（包括填充）；包在输出头与嵌入共享权重的"
         " GPT 外的 ZeRO-3 与 fully_shard 相等；每个阶段实测峰值减去激活值，"
-        "与 ZeRO 公式相差不超过 5%；带离散范围计时的检查点与 bf16；二维网格；"
-        "交错进行的优化演练",
-    "06d_sequence_context_expert":
-        "Megatron 序列并行（字节数与张量并行相同，激活值内存按公式计数对照）"
+        "与 ZeRO 公式相差不超过 5%；带离散范围计时的激活检查点与 bf16；"
+        "二维网格；交错进行的优化演练",
+    "Megatron sequence parallelism (same bytes as TP, activation memory counted against the"
+    " formula), ring attention with online softmax, zig-zag balance and a measured overlap "
+    "timeline, Ulysses all-to-all attention, expert parallelism for a mixture-of-experts layer"
+    " with capacity and dropped slots counted: each checked equal to one process (outputs and"
+    " every gradient) on 2, 3 and 4 ranks":
+        "Megatron 序列并行（字节数与张量并行相同，激活值内存计数并与公式对照）"
         "，带在线 softmax 的环形注意力、锯齿形均衡和实测的重叠时间线，Ulysses"
         " 全交换注意力，混合专家层的专家并行，计数容量与被丢弃的槽位：每一种都在"
         " 2、3、4 个 rank 上检查与单进程相等（输出和每个梯度）",
-    "07_conclusion_outlook":
+    "the cost model fitted here, tested on held-out all-reduces and real DDP steps (an emulated"
+    " link only checks the emulator); a planner (GQA, SwiGLU, interleaving, sequence and context"
+    " parallelism, expert parallelism, selective recomputation) tested on published runs it"
+    " was not fitted to, against a baseline, and extrapolated term by term to 4,096 GPUs":
         "在这里拟合的成本模型，在留出的全归约和真实 DDP 步上检验（仿真链路只检验仿真器）"
         "；一个规划器（GQA、SwiGLU、交错、序列并行与上下文并行、专家并行、"
         "选择性重计算），在未参与拟合的已发表训练上检验，与基线对照，并逐项外推到"

@@ -15,9 +15,9 @@ ZeRO use, without changing what they compute or send, so that every byte a measu
 allocates is freed by the thread that allocated it:
 
 * ``all_reduce`` and ``all_gather_single``: gloo gets *aliases* of the caller's tensors,
-  tensors over the same bytes whose storage does not own them (``torch.frombuffer`` of a
-  ctypes view). gloo's thread may keep and drop the aliases whenever it likes: dropping one
-  frees nothing. The caller's own storages never reach gloo's thread. Each call is waited for
+  tensors over the same bytes whose storage does not own them (a storage made from the data
+  pointer, with no deleter). gloo's thread may keep and drop the aliases whenever it likes:
+  dropping one frees nothing and runs no Python. The caller's own storages never reach gloo's thread. Each call is waited for
   before it returns, so the bytes outlive every use gloo makes of them.
 * ``reduce_scatter_single``: gloo on CPU implements it as a clone of the input, an all-reduce
   of the clone and a copy of this rank's slice out of it (``ProcessGroupGloo::
@@ -32,28 +32,46 @@ the profiler to gloo's thread, so they are seen as before. Within, the three cal
 contiguous CPU tensors only (what these runs pass); anything else is refused, naming the fix.
 """
 import contextlib
-import ctypes
 
 import torch
 import torch.distributed as dist
 
 
 class _Done:
-    """The handle of a collective that has completed already."""
+    """The handle of a collective that has completed already (``output``: what its future
+    holds, as for gloo's own handles)."""
+    def __init__(self, output):
+        self.output = output
+
     def wait(self, timeout=None):
         return True
 
+    def is_completed(self):
+        return True
+
+    def get_future(self):
+        future = torch.futures.Future()
+        future.set_result([self.output])
+        return future
+
 
 def _alias(t):
-    """A tensor over ``t``'s bytes whose storage does not own them: freeing it frees nothing."""
+    """A tensor over ``t``'s bytes whose storage does not own them: freeing it frees nothing,
+    and runs no Python (no GIL needed on gloo's thread). An empty tensor gets an empty one of
+    its own, so not even an empty view hands ``t``'s storage to gloo."""
     if not t.is_contiguous() or t.device.type != "cpu":
         raise ValueError("frees_on_this_thread handles contiguous CPU tensors only; "
                          f"got a {'non-contiguous' if t.device.type == 'cpu' else t.device.type}"
                          " tensor: pass .contiguous() (CPU) or measure without it")
     if t.numel() == 0:
-        return t
-    raw = (ctypes.c_char * t.nbytes).from_address(t.data_ptr())
-    return torch.frombuffer(raw, dtype=t.dtype).view(t.shape)
+        return torch.empty(t.shape, dtype=t.dtype)
+    storage = torch._C._construct_storage_from_data_pointer(t.data_ptr(), t.device, t.nbytes)
+    return torch.empty(0, dtype=t.dtype).set_(storage, 0, t.shape, t.stride())
+
+
+def _wait(work):
+    if work is not None:           # None: this rank is not in the group, as for the real call
+        work.wait()
 
 
 @contextlib.contextmanager
@@ -64,18 +82,19 @@ def frees_on_this_thread():
     reduce, gather, scatter = dist.all_reduce, dist.all_gather_single, dist.reduce_scatter_single
 
     def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
-        reduce(_alias(tensor), op=op, group=group, async_op=True).wait()
-        return _Done() if async_op else None  # done already, same order
+        _wait(reduce(_alias(tensor), op=op, group=group, async_op=True))
+        return _Done(tensor) if async_op else None  # done already, same order
 
-    def all_gather(output, input, group=None, async_op=False):
-        gather(_alias(output), _alias(input), group=group, async_op=True).wait()
-        return _Done() if async_op else None  # FSDP2 asks async: done already, same order
+    def all_gather(output_tensor, input_tensor, group=None, async_op=False):
+        _wait(gather(_alias(output_tensor), _alias(input_tensor), group=group, async_op=True))
+        torch.autograd.graph.increment_version(output_tensor)  # written, as gloo's call marks it
+        return _Done(output_tensor) if async_op else None  # FSDP2 asks async: done already
 
     def reduce_scatter(output, input, op=dist.ReduceOp.SUM, group=None, async_op=False):
         buffer = input.clone()  # gloo's own first step
         all_reduce(buffer, op=op, group=group)
         output.copy_(buffer.chunk(dist.get_world_size(group))[dist.get_rank(group)])
-        return _Done() if async_op else None
+        return _Done(output) if async_op else None
 
     dist.all_reduce, dist.all_gather_single, dist.reduce_scatter_single = (
         all_reduce, all_gather, reduce_scatter)

@@ -72,7 +72,10 @@ class SGDConfig:
 
 
 class _History:
-    """Full-loss points against examples processed and wall time, evaluation time excluded."""
+    """Full-loss points against examples processed and wall time, evaluation time excluded.
+
+    Rank 0 makes it before the ranks' first barrier, so its clock starts before any rank's
+    first step: every sleep of a straggler falls inside it (so does the barrier's wait)."""
 
     def __init__(self, params, X, y, cfg):
         self.X, self.y, self.cfg = X, y, cfg
@@ -103,8 +106,8 @@ def _straggle(cfg, rank, world_size):
 def sync_sgd_worker(rank, world_size, X, y, cfg):
     """Every rank: gradient on its own batch, all-reduce, mean, the same update everywhere."""
     params, examples = init_params(X.shape[1], 10, cfg), 0
+    hist = _History(params, X, y, cfg) if rank == 0 else None  # before the barrier: see _History
     dist.barrier()
-    hist = _History(params, X, y, cfg) if rank == 0 else None
     for step in range(cfg.steps):
         progress(step + 1, cfg.steps, "steps")  # rank 0 drives a panel's bar
         idx = batch_indices(cfg, rank, step, len(X))
@@ -152,8 +155,8 @@ def parameter_server_worker(rank, world_size, X, y, cfg):
     workers = world_size - 1
     if rank == 0:
         params, version = init_params(X.shape[1], 10, cfg), 0
+        hist = _History(params, X, y, cfg)                   # before the barrier: see _History
         dist.barrier()
-        hist = _History(params, X, y, cfg)
         for w in range(1, world_size):                      # everyone's first pull
             dist.send(torch.cat([params, torch.tensor([0.0])]), w)
         msg, staleness, pushes, trace = torch.empty(n + 3), [], [0] * world_size, []
@@ -203,8 +206,8 @@ def hogwild_worker(rank, world_size, X, y, cfg, path):
     # fp32 counts are exact up to 2**24 examples
     shared = torch.from_file(path, shared=True, size=n + world_size, dtype=torch.float32)
     params, counts = shared[:n], shared[n:]
+    hist = _History(params, X, y, cfg) if rank == 0 else None  # before the barrier: see _History
     dist.barrier()
-    hist = _History(params, X, y, cfg) if rank == 0 else None
     for step in range(cfg.steps):
         progress(step + 1, cfg.steps, "steps")  # rank 0 drives a panel's bar
         idx = batch_indices(cfg, rank, step, len(X))

@@ -216,14 +216,16 @@ def naive_model_parallel_worker(rank, world_size, model_fn, x, y, shapes, sizes=
     def train_step():
         stage_input, stage_output = naive_forward(layout, stage, x, shapes[rank], tl)
         loss = nn.functional.mse_loss(stage_output, y) if layout.pp_is_last_stage else None
-        # The backward span starts when autograd reaches this stage's output (after the recv
-        # inside backward_fn), so the timeline shows waiting as idle.
-        # It ends when the input's gradient is ready, before backward_fn sends it (a span
-        # covering the send could overlap the previous stage's, which starts on its arrival).
+        # The backward span runs from autograd reaching this stage's output (after the recv in
+        # backward_fn: waiting shows as idle) to the end of that pass, before backward_fn sends
+        # (a span covering the send could overlap the previous stage's, which starts on arrival)
         began, ended = [time.perf_counter()], []
-        stage_output.grad_fn.register_prehook(lambda grads: began.append(time.perf_counter()))
-        if stage_input.requires_grad:         # not the first stage
-            stage_input.register_hook(lambda grad: ended.append(time.perf_counter()))
+
+        def reached(grads):
+            began.append(time.perf_counter())
+            torch.autograd.Variable._execution_engine.queue_callback(    # at the pass's end
+                lambda: ended.append(time.perf_counter()))
+        stage_output.grad_fn.register_prehook(reached)
         backward_fn(rank, world_size, stage_input, stage_output, loss)
         tl.add("backward", began[-1], ended[-1] if ended else time.perf_counter())
         return stage_output.detach(), (loss.item() if loss is not None else None)
