@@ -200,8 +200,9 @@ def rank_modules():
 def markdown_table(link_prefix="notebooks/", language="en"):
     """The labs as a Markdown table, in English or in Chinese ("zh", the map of the Chinese
     edition: ``core/_zh.py``'s ``COURSE_*``); labs not written yet are marked as coming."""
-    if language not in ("en", "zh"):
-        raise ValueError(f"no course map in {language!r}; the choices are 'en', 'zh'")
+    if language not in i18n.LANGUAGES:
+        raise ValueError(f"no course map in {language!r}; the choices are "
+                         f"{', '.join(repr(x) for x in i18n.LANGUAGES)}")
     zh = language == "zh"
     header = (_zh.COURSE_HEADER if zh else ("article chapter", "notebook", "labutils",
                                              "what it shows", "minutes on a laptop", "CPU/GPU"))

@@ -137,6 +137,11 @@ def _names_the_first_case(result):
     return result.case == {"world_size": 2, "n": 3, "seed": 4969}
 
 
+def _names_no_case(result):
+    """result.case is None: a stub fails no case (03a's and 03b's hints key on this)"""
+    return result.case is None
+
+
 def _got_is_not_the_mean(result):
     """the number after 'got' is not the expected mean -0.0352"""
     got = float(result.message.rsplit("got ", 1)[1])
@@ -160,8 +165,8 @@ WRONG_AVERAGE = (  # names case, rank and element
     "raises_on_rank_1": (raises_on_rank_1, exactly(
         f"[wrong] average_gradients: {FIRST_CASE}: rank 1 raised ValueError: shapes do not match")),
     # an unfilled stub says fill me in
-    "stub": (stub, exactly("[to do] average_gradients: not implemented yet; fill in the lines "
-                           "marked # FILL ME IN")),
+    "stub": (stub, (exactly("[to do] average_gradients: not implemented yet; fill in the lines "
+                            "marked # FILL ME IN"), _names_no_case)),
     # a deadlock is caught by the timeout, naming the ranks and where they wait
     "deadlocking_send_order": (deadlocking_send_order, (
         starts_with(f"[wrong] average_gradients: {FIRST_CASE}: did not finish in 10 s "

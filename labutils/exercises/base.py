@@ -171,7 +171,7 @@ class CheckResult:
     """The outcome of a check; shown (repr, str, notebook) as its one-line ``message``."""
     passed: bool
     message: str
-    case: dict | None = field(default=None)  # the failing case, None when all passed
+    case: dict | None = field(default=None)  # the failing case; None: all passed, or a stub
 
     def __str__(self):
         return self.message
@@ -267,7 +267,7 @@ def run_check(name, learner_fn, harness, cases, *, timeout=20.0, atol=1e-5, rtol
                                          stuck=stuck), case)
         except WorkerError as e:
             if _not_implemented(e):
-                return CheckResult(False, not_implemented(name), case)
+                return CheckResult(False, not_implemented(name))  # no case failed: none ran
             return CheckResult(False, f"{where}: {_describe_error(e)}", case)
         for rank, (expected, got) in enumerate(pairs):
             diff = first_difference(expected, got, atol=atol, rtol=rtol)

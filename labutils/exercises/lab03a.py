@@ -4,7 +4,7 @@ import torch
 
 from labutils.core.i18n import tr
 from labutils.core.launcher import launch
-from labutils.exercises.base import make_cases, not_implemented, run_check
+from labutils.exercises.base import make_cases, run_check
 from labutils.parallel.collectives import ring_all_reduce  # noqa: F401 (the reference)
 
 
@@ -74,7 +74,7 @@ def check_ring_all_reduce(learner_fn, *, timeout=20.0):
                        dtype=["float32", "float64", "int64"])
     result = run_check("ring_all_reduce", learner_fn, _ring_all_reduce_harness, cases,
                        timeout=timeout)
-    if result.passed or result.case is None or result.message == not_implemented("ring_all_reduce"):
+    if result.passed or result.case is None:   # passed, or a stub: nothing to diagnose
         return result
     meaning = _diagnose(learner_fn, result.case, timeout)
     if meaning is None:

@@ -17,8 +17,9 @@ allocates is freed by the thread that allocated it:
 * ``all_reduce`` and ``all_gather_single``: gloo gets *aliases* of the caller's tensors,
   tensors over the same bytes whose storage does not own them (a storage made from the data
   pointer, with no deleter). gloo's thread may keep and drop the aliases whenever it likes:
-  dropping one frees nothing and runs no Python. The caller's own storages never reach gloo's thread. Each call is waited for
-  before it returns, so the bytes outlive every use gloo makes of them.
+  dropping one frees nothing and runs no Python. The caller's own storages never reach gloo's
+  thread. Each call is waited for before it returns, so the bytes outlive every use gloo makes
+  of them.
 * ``reduce_scatter_single``: gloo on CPU implements it as a clone of the input, an all-reduce
   of the clone and a copy of this rank's slice out of it (``ProcessGroupGloo::
   reduce_scatter_tensor_coalesced`` in torch 2.13; one call of 1 MiB peaks at input + output
