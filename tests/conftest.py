@@ -21,6 +21,15 @@ class ProcessStartedInFastTest(AssertionError):
     pass
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _font_cache():
+    """matplotlib builds its font cache on first use, running ``fc-list``: on a fresh machine
+    that would be a process started inside whichever fast test draws first. Build it here,
+    before any test runs."""
+    import matplotlib.font_manager
+    matplotlib.font_manager.findfont("DejaVu Sans")
+
+
 @pytest.fixture(autouse=True)
 def _no_processes_unless_slow(request, monkeypatch):
     """Tests not marked ``slow`` run in ``make test-fast``, which starts no process: starting

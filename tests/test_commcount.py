@@ -56,3 +56,26 @@ def test_ddp_hooks_counter_sees_calls_from_callbacks():
     # them (here in most runs, not all), while AllReduceBytes replaces dist.all_reduce itself
     for by_dispatcher, by_wrapper in lu.launch(_powersgd_counts, world_size=2):
         assert by_wrapper == 3 and by_dispatcher <= by_wrapper, (by_dispatcher, by_wrapper)
+
+
+def _calls(rank, world_size):
+    with lu.commcount.count_collectives() as counted:
+        dist.all_reduce(torch.ones(3))                                  # 12 bytes
+        dist.all_reduce(torch.ones(5, dtype=torch.float64), async_op=True).wait()   # 40 bytes
+        if rank == 0:
+            dist.send(torch.ones(7), 1)                                 # 28 bytes to rank 1
+        else:
+            dist.recv(torch.empty(7), 0)
+        dist.all_to_all_single(torch.empty(4), torch.ones(4))           # 16 bytes in
+    # gloo's point-to-point works have no future: their completion is not seen (None)
+    return [(c.op, c.nbytes, c.group_size, c.peer, None if c.completed is None
+             else c.completed >= c.launched) for c in counted.calls], counted.sent_bytes
+
+
+@pytest.mark.slow
+def test_each_call_records_its_payload_peer_and_both_clocks():
+    (r0, sent0), (r1, sent1) = lu.launch(_calls, world_size=2)
+    assert r0 == [("allreduce_", 12, 2, None, True), ("allreduce_", 40, 2, None, True),
+                  ("send", 28, 2, 1, None), ("alltoall_base_", 16, 2, None, True)]
+    assert r1[2] == ("recv_", 28, 2, 0, None)
+    assert (sent0, sent1) == (28, 0)

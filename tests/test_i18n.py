@@ -98,7 +98,8 @@ def test_the_face_sets_the_language_and_tr_formats_both():
 # ---- what a notebook prints ------------------------------------------------------------------
 
 def test_versus_default_words_follow_the_language_and_given_words_do_not():
-    fast, slow, near = Stats(1.0, 0.9, 1.1), Stats(2.0, 1.9, 2.1), Stats(1.05, 1.0, 1.2)
+    fast = Stats.of([1.0, 0.9, 1.1, 0.95, 1.05, 1.02, 0.98])
+    slow, near = Stats.of([2 * v for v in fast.values]), Stats.of(reversed(fast.values))
     assert [versus(fast, slow), versus(slow, fast), versus(fast, near)] == [
         "faster than", "slower than", "not measurably different from"]
     lu.set_language("zh")

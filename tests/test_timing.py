@@ -3,6 +3,8 @@ and slowest takes the per-sample maximum over ranks. Fake callables and a fake c
 process is started and nothing depends on how fast this machine is."""
 import types
 
+import numpy as np
+
 import pytest
 
 import labutils as lu
@@ -47,10 +49,10 @@ def test_stats_of_nothing_is_an_error():
         lu.timing.Stats.of([])
 
 
-def test_stats_ratio_is_ratio_of_medians_with_extreme_bounds():
+def test_dividing_two_stats_is_refused_with_the_fix():
     a, b = lu.timing.Stats.of([4.0, 6.0, 8.0]), lu.timing.Stats.of([1.0, 2.0, 4.0])
-    r = a / b
-    assert (r.median, r.min, r.max) == (3.0, 1.0, 8.0)  # 6/2, 4/4, 8/1
+    with pytest.raises(TypeError, match="lu.timing.compare"):
+        a / b
 
 
 # ---- measure --------------------------------------------------------------------------------
@@ -132,7 +134,9 @@ def test_interleaved_attributes_each_duration_to_its_own_label(clock):
     assert order == ["slow", "fast"] * 5
     assert result["slow"].values == (3.0,) * 4
     assert result["fast"].values == (1.0,) * 4
-    assert (result["slow"] / result["fast"]).median == 3.0
+    c = lu.timing.compare(result["slow"], result["fast"])
+    assert c.paired and c.ratio == 3.0
+    assert not c.resolved        # 4 rounds are too few for a 95% interval of the median
 
 
 def test_interleaved_warmup_not_recorded(clock):
@@ -175,10 +179,80 @@ def test_slowest_single_rank_is_identity():
     assert lu.timing.slowest([[0.1, 0.3, 0.2]]) == [0.1, 0.3, 0.2]
 
 
-def test_versus_names_a_difference_only_when_the_ranges_do_not_overlap():
-    fast, slow = lu.timing.Stats.of([1.0, 1.1, 1.2]), lu.timing.Stats.of([1.3, 1.4, 2.0])
-    touching = lu.timing.Stats.of([1.2, 1.25, 1.5])
+# ---- paired and unpaired comparisons --------------------------------------------------------
+
+def _drifting_pair(n, ratio, seed=0, jitter=0.002):
+    """b drifts by 1-10x from round to round (a loaded machine); a is ``ratio`` times b in every
+    round, give or take ``jitter``."""
+    rng = np.random.default_rng(seed)
+    b = rng.uniform(1.0, 10.0, n)
+    return ratio * b * (1 + rng.uniform(-jitter, jitter, n)), b
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_constant_ratio_under_drift_resolves_where_min_max_ranges_cannot(seed):
+    a, b = _drifting_pair(7, 0.8, seed)
+    sa, sb = lu.timing.Stats.of(a, "r1"), lu.timing.Stats.of(b, "r1")
+    assert sa.min < sb.max and sb.min < sa.max          # the ranges overlap: min-max says "same"
+    c = lu.timing.compare(sa, sb)
+    assert c.paired and c.resolved
+    assert 0.79 <= c.lo <= c.ratio <= c.hi <= 0.81
+    assert lu.timing.versus(sa, sb) == "faster than" and lu.timing.versus(sb, sa) == "slower than"
+    assert "7 paired rounds" in str(c)
+
+
+def test_interleaved_series_are_paired_and_adaptive_rounds_stop_once_resolved(clock):
+    # a is 0.8x b in every round while the machine's speed drifts 1-10x between rounds
+    a, b = _drifting_pair(60, 0.8, seed=3)
+    k = {"a": 0, "b": 0}
+
+    def make(name, series):
+        def fn():
+            clock.advance(series[k[name]])
+            k[name] += 1
+        return fn
+
+    out = lu.timing.interleaved({"b": make("b", b), "a": make("a", a)}, repeats=3, warmup=0,
+                                budget_s=1e9)
+    assert out["a"].n == out["b"].n == 7               # at least 7 rounds, resolved at once
+    c = lu.timing.compare(out["a"], out["b"])
+    assert c.paired and c.word() == "faster than" and 0.79 <= c.lo <= c.hi <= 0.81
+
+
+def test_adaptive_rounds_go_on_until_the_budget_when_nothing_resolves(clock):
+    # identical variants never resolve: the rounds stop at the time budget, not before
+    def fn():
+        clock.advance(1.0)
+    out = lu.timing.interleaved({"x": fn, "y": fn}, repeats=7, warmup=0, budget_s=30.0)
+    assert out["x"].n == 16                            # 2 s a round: past 30 s after round 16
+    assert not lu.timing.compare(out["x"], out["y"]).resolved
+    capped = lu.timing.interleaved({"x": fn, "y": fn}, warmup=0, budget_s=1e9, max_repeats=9)
+    assert capped["x"].n == 9
+
+
+def test_stats_of_different_calls_are_not_paired():
+    a, b = _drifting_pair(7, 0.8, seed=1)
+    c = lu.timing.compare(lu.timing.Stats.of(a, "r1"), lu.timing.Stats.of(b, "r2"))
+    assert not c.paired and not c.resolved             # a rank test sees overlapping samples
+    assert "Mann-Whitney" in str(c)
+    with pytest.raises(ValueError, match="one value per round"):
+        lu.timing.compare([1.0, 2.0], [1.0], paired=True)
+
+
+def test_unpaired_samples_are_decided_by_the_rank_test():
+    fast = [1.0, 1.1, 1.05, 0.98, 1.02, 1.07, 1.01]
+    slow = [1.3, 1.4, 2.0, 1.35, 1.5, 1.32, 1.6]
+    c = lu.timing.compare(fast, slow)
+    assert not c.paired and c.p < 0.01 and c.resolved and c.hi < 1
     assert lu.timing.versus(fast, slow) == "faster than"
-    assert lu.timing.versus(slow, fast) == "slower than"
-    assert lu.timing.versus(fast, touching) == "not measurably different from"   # 1.2 == 1.2
     assert lu.timing.versus(slow, fast, "below", "above") == "above"
+    # one outlier in a sample of 7 does not hide a clear difference, as min-max ranges would
+    assert lu.timing.versus(fast[:-1] + [9.0], slow) == "faster than"
+    same = lu.timing.compare(fast, list(reversed(fast)))
+    assert not same.resolved and same.word() == "not measurably different from"
+
+
+def test_too_few_paired_rounds_never_claim_a_difference():
+    c = lu.timing.compare([1.0, 1.0, 1.0, 1.0, 1.0], [2.0] * 5, paired=True)
+    assert not c.resolved        # 5 rounds cannot give a 95% interval for the median ratio
+    assert c.word() == "not measurably different from"

@@ -188,3 +188,15 @@ def test_make_lab_lang_zh_opens_the_chinese_edition_with_a_valid_locale():
     assert "plugin.jupyterlab-settings" in zh_run  # copied for this launch
     en_run = dry_run()
     assert "JUPYTERLAB_SETTINGS_DIR" not in en_run and "root_dir=notebooks " in en_run
+
+
+def test_carry_keeps_the_chinese_of_unchanged_comments_and_strings_on_changed_code():
+    old_en = "x = f(1)  # the first\ny = 'two words'\n"
+    old_zh = "x = f(1)  # 第一个\ny = '两个词'\n"
+    new_en = "x = g(1, 2)  # the first\nz = h(\n    'two words')\n"
+    carried = zh.carry_code(old_en, old_zh, new_en)
+    assert carried == "x = g(1, 2)  # 第一个\nz = h(\n    '两个词')\n"
+    assert zh.code_difference(new_en, carried) is None      # the same code, token for token
+    # a comment or string the old English did not have is left for a translator
+    assert zh.carry_code(old_en, old_zh, "x = 1  # a new comment\n") is None
+    assert zh.carry_code(old_en, old_zh, "x = 'another sentence here'\n") is None

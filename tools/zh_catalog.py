@@ -28,6 +28,13 @@ outputs until ``execute`` runs it.
     python tools/zh_catalog.py check                       # every problem of every lab; exit 1
     python tools/zh_catalog.py build [LAB ...]             # notebooks/zh/<lab>.ipynb, not executed
     python tools/zh_catalog.py execute [LAB ...]           # build, then execute in place (make zh)
+    python tools/zh_catalog.py carry [LAB ...]             # carry Chinese comments onto new code
+
+``carry`` updates the entries of code cells whose English changed: it finds the English that was
+translated (the version of the notebook in git whose cell has the entry's hash), and when every
+comment and string of the new English cell also stood in that old English, it writes the new
+code with the old Chinese comments and strings in their place and sets ``en=``. It lists the
+cells it could not carry (new or changed comments, strings, markdown): translate those by hand.
 """
 from __future__ import annotations
 
@@ -333,6 +340,104 @@ def execute(lab: str) -> None:
                    cwd=path.parent, check=True)
 
 
+# -- carrying translations onto changed code -----------------------------------------------------
+def _texts(code: str):
+    """The comments and string literals of a cell, in order, with their token positions."""
+    _, toks = _tokens(code)
+    return [t for t in toks if t.type in (tokenize.COMMENT, tokenize.STRING)
+            and not (t.type == tokenize.COMMENT and _NBVAL.match(t.string))]
+
+
+def _old_english(lab: str, cid: str, want: str, depth: int = 40) -> str | None:
+    """The source of cell ``cid`` in the most recent committed version of the English notebook
+    whose cell hashes to ``want`` (the English the catalog entry translated)."""
+    rel = f"notebooks/{lab}.ipynb"
+    revs = subprocess.run(["git", "log", f"-{depth}", "--format=%H", "--", rel], cwd=ROOT,
+                          capture_output=True, text=True).stdout.split()
+    for rev in ["HEAD"] + revs:
+        shown = subprocess.run(["git", "show", f"{rev}:{rel}"], cwd=ROOT, capture_output=True,
+                               text=True)
+        if shown.returncode:
+            continue
+        for cell in json.loads(shown.stdout)["cells"]:
+            if cell.get("id") == cid and en_hash(source(cell)) == want:
+                return source(cell)
+    return None
+
+
+def carry_code(old_en: str, old_zh: str, new_en: str) -> str | None:
+    """``new_en`` with each comment and string replaced by the Chinese that stood for the same
+    English text in ``old_zh``; None when a comment or string of ``new_en`` is new."""
+    en_t, zh_t = _texts(old_en), _texts(old_zh)
+    if len(en_t) != len(zh_t):
+        return None
+    table = {}
+    for e, z in zip(en_t, zh_t):
+        if table.setdefault((e.type, e.string), z.string) != z.string:
+            return None  # one English text translated two ways: keep it for a human
+    lines = new_en.splitlines(keepends=True)
+    offsets = [0]
+    for ln in lines:
+        offsets.append(offsets[-1] + len(ln))
+    out, pos = [], 0
+    for t in _texts(new_en):
+        key = (t.type, t.string)
+        if key not in table:
+            return None
+        start = offsets[t.start[0] - 1] + t.start[1]
+        end = offsets[t.end[0] - 1] + t.end[1]
+        out += [new_en[pos:start], table[key]]
+        pos = end
+    out.append(new_en[pos:])
+    return "".join(out)
+
+
+def write_catalog(lab: str, entries: dict[str, dict], en_nb: dict) -> None:
+    """Rewrite a catalog in the English notebook's cell order, keeping its header comment."""
+    path = CATALOG_DIR / f"{lab}.md"
+    text = path.read_text(encoding="utf-8")
+    first = next((i for i, ln in enumerate(text.splitlines()) if MARKER.match(ln)), None)
+    header = text.splitlines()[:first] if first is not None else []
+    order = [c.get("id") for c in en_nb["cells"]]
+    ids = sorted(entries, key=lambda cid: order.index(cid) if cid in order else len(order))
+    out = list(header)
+    for cid in ids:
+        e = entries[cid]
+        out += [f"@@ cell {cid} {e['type']} en={e['en']}", e["zh"].rstrip(), ""]
+    path.write_text("\n".join(out), encoding="utf-8")
+
+
+def carry(lab: str) -> list[str]:
+    """Carry the Chinese of changed code cells onto their new English; returns what is left
+    for a translator (one line per cell)."""
+    en_nb, entries = read_notebook(EN_DIR / f"{lab}.ipynb"), read_catalog(lab)
+    left, changed = [], False
+    for cell in en_nb["cells"]:
+        cid, kind, src = cell.get("id"), cell["cell_type"], source(cell)
+        entry = entries.get(cid)
+        if entry is None or entry["en"] == en_hash(src):
+            continue
+        if kind == "code":
+            old = _old_english(lab, cid, entry["en"])
+            new_zh = None if old is None else carry_code(old, entry["zh"], src)
+            if new_zh is not None:
+                entries[cid] = {"type": kind, "en": en_hash(src), "zh": new_zh}
+                changed = True
+                continue
+        left.append(f"{lab}: cell {cid} ({kind}) changed: translate it by hand in "
+                    f"translations/zh/{lab}.md and set en={en_hash(src)}")
+    for cell in en_nb["cells"]:
+        if cell.get("id") not in entries and needs_entry(cell):
+            left.append(f"{lab}: cell {cell.get('id')} ({cell['cell_type']}) is new: add it to "
+                        f"translations/zh/{lab}.md with en={en_hash(source(cell))}")
+    stale = [cid for cid in entries if cid not in {c.get("id") for c in en_nb["cells"]}]
+    for cid in stale:
+        left.append(f"{lab}: the catalog's cell {cid} is gone from the English: remove it")
+    if changed:
+        write_catalog(lab, entries, en_nb)
+    return left
+
+
 def main(argv: list[str]) -> int:
     command, names = (argv[0], argv[1:]) if argv else ("", [])
     unknown = [n for n in names if not (EN_DIR / f"{n}.ipynb").exists()]
@@ -343,6 +448,12 @@ def main(argv: list[str]) -> int:
             return f"{path} exists; not overwritten"
         path.write_text(skeleton(names[0]), encoding="utf-8")
         print(path)
+        return 0
+    if command == "carry" and not unknown:
+        left = [line for lab in names or labs() for line in carry(lab)]
+        for line in left:
+            print(line)
+        print(f"{len(left)} cell(s) left to translate by hand")
         return 0
     if command not in ("check", "build", "execute") or unknown:
         return (f"no such lab: {', '.join(unknown)}\n" if unknown else "") + __doc__

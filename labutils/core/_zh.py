@@ -404,6 +404,10 @@ MESSAGES = {
         "无法把 {n_layers} 层的模型切成 {n_stages} 个阶段：最多使用 {n_layers} 个阶段"
         "（world_size <= {n_layers}），或使用更深的模型",
     "{median} {unit} (min {lo}, max {hi}, n={n})": "{median} {unit}（最小 {lo}，最大 {hi}，n={n}）",
+    "{ratio}x (95% CI {lo}-{hi}, {n} paired rounds)":
+        "{ratio} 倍（95% 置信区间 {lo}-{hi}，{n} 个配对回合）",
+    "{ratio}x (95% CI {lo}-{hi}; Mann-Whitney p={p}, {na} vs {nb} samples)":
+        "{ratio} 倍（95% 置信区间 {lo}-{hi}；Mann-Whitney 检验 p={p}，样本数 {na} 对 {nb}）",
 }
 
 # ---- course.show_map: the course map in the Chinese edition (the README's stays English) ----
