@@ -84,13 +84,13 @@ LABS = (
         "saving weights; the torch.distributed map with each launcher run once", "1.5",
         checkers=("square", "count_graph_nodes")),
     Lab("3.1 Concepts 基本概念 (1): collectives and their cost", "03a_parallelism_concepts",
-        ("collectives", "collective_demo", "costmodel", "figures"),
+        ("collectives", "collective_demo", "collective_runs", "costmodel", "figures"),
         "data vs model parallelism; every collective on real ranks, drawn; ring all-reduce from "
         "send/recv vs dist.all_reduce; bytes per link and message steps counted (ring, recursive "
         "doubling, via a root); latency and bandwidth fitted (alpha-beta) with their spread", "1.5",
         checkers=("ring_all_reduce",), benchmarks=("collectives", "costmodel")),
     Lab("3.1 Concepts 基本概念 (2): synchronous vs asynchronous SGD", "03b_sync_async_sgd",
-        ("async_sgd", "flat_mlp", "staleness"),
+        ("async_sgd", "sgd_runs", "flat_mlp", "staleness"),
         "sync SGD, a parameter server and Hogwild at equal work; a straggler; what staleness "
         "does to convergence, a parameter server replayed from its trace", "1.5",
         checkers=("stale_update",)),
@@ -98,7 +98,7 @@ LABS = (
         "image, language and video workloads on 1 and 2 ranks; compute-to-communication "
         "ratio and what it does and does not explain", "1.5", checkers=("shard_batch",)),
     Lab("3.3 Challenges 挑战 (1): communication overhead", "03d_communication_challenges",
-        ("comm_overhead", "async_sgd"),
+        ("comm_overhead", "async_sgd", "sgd_runs"),
         "small messages vs buckets; compression, and when it pays", "1.5",
         checkers=("fp16_mean",)),
     Lab("3.3 Challenges 挑战 (2): consistency and hardware", "03e_consistency_and_hardware",
@@ -109,7 +109,7 @@ LABS = (
         "oversubscription", "1.5",
         checkers=("sync_batch_stats",)),
     Lab("4 DDP from scratch 分布式训练实现", "04a_ddp_from_scratch",
-        ("ddp", "ddp_equivalence", "ddp_performance", "commcount"),
+        ("ddp", "ddp_equivalence", "ddp_performance", "comm_spans", "commcount"),
         "naive gradient all-reduce, hooks, buckets with overlap; each checked equal to one "
         "process and to PyTorch's DDP", "1.5",
         checkers=("average_gradients", "sync_gradients", "torch_buckets")),
@@ -119,22 +119,22 @@ LABS = (
         "checkpoint, torchrun with a killed worker", "1.5",
         checkers=("no_sync_accumulation",)),
     Lab("4 Performance analysis 性能分析", "04c_ddp_performance",
-        ("ddp_performance", "costmodel", "emulation", "shm_allreduce", "emulated_ddp", "plots",
-         "timeline_plot"),
+        ("ddp_performance", "comm_spans", "costmodel", "emulation", "shm_allreduce",
+         "emulated_ddp", "plots", "timeline_plot"),
         "strong and weak scaling with error bars, per-rank timelines, bucket sweep vs cost "
         "model, a shared-memory all-reduce, speedup on emulated 100 Mb-10 Gb links with "
         "buckets, overlap and bf16", "1.5",
         checkers=("bus_bandwidth",), benchmarks=("ddp", "emulated_ddp")),
     Lab("5 Model parallelism principles 模型并行化原理", "05_model_parallel_principles",
-        ("model_parallel", "stage_memory", "memory", "microbatch", "microbatch_idle",
-         "split_matmul", "timeline", "timeline_plot"),
+        ("model_parallel", "model_parallel_runs", "stage_observers", "stage_memory", "memory",
+         "microbatch", "microbatch_idle", "split_matmul", "timeline", "timeline_plot"),
         "the memory wall, per-rank peaks measured vs the formula; a naive layer split with "
         "send/recv checked equal to one process; its idle timeline; micro-batches with send vs "
         "isend measured against (p-1)/(m+p-1); splitting a matmul", "1.5",
         checkers=("naive_backward", "min_microbatches")),
     Lab("6 Pipeline parallelism 实践", "06a_pipeline_parallel",
-        ("pipeline", "torch_pipeline", "pipeline_bubble", "emulated_stages", "timeline",
-         "timeline_plot"),
+        ("pipeline", "pipeline_runs", "stage_observers", "torch_pipeline", "pipeline_bubble",
+         "emulated_stages", "timeline", "timeline_plot"),
         "GPipe and 1F1B from send/recv, checked equal; bubbles counted and measured (emulated "
         "compute) vs (p-1)/(m+p-1); torch.distributed.pipelining incl. interleaved 1F1B and "
         "zero bubble; activation bytes; stage balance", "1.5",
@@ -146,8 +146,8 @@ LABS = (
         "torch.distributed.tensor.parallel", "1.5",
         checkers=("f_and_g",), benchmarks=("tensor_parallel",)),
     Lab("6 Sharding and memory 性能优化", "06c_sharding_and_memory",
-        ("sharding", "zero_optimizer", "zero3", "zero_training", "zero_components", "gloo_frees",
-         "mesh_2d", "memory"),
+        ("sharding", "zero_optimizer", "zero3", "zero_training", "zero_components",
+         "mesh_2d", "mesh_2d_runs", "memory"),
         "ZeRO 1/2/3 from scratch and FSDP2, checked equal (padding included); ZeRO-3 around a "
         "tied-head GPT equal to fully_shard; measured peak minus activations within 5% of the "
         "ZeRO formula per stage; checkpointing and bf16 "
@@ -155,8 +155,8 @@ LABS = (
         checkers=("zero1_step",), benchmarks=("zero",)),
     Lab("6 Sequence, context and expert parallelism 实践", "06d_sequence_context_expert",
         ("sequence_parallel", "sp_equivalence", "sp_memory", "online_softmax", "ring_attention",
-         "ring_timing", "ulysses", "ulysses_equivalence", "moe_router", "moe", "moe_dispatch",
-         "long_context"),
+         "ring_timing", "ring_trace", "ulysses", "ulysses_equivalence", "moe_router", "moe",
+         "moe_dispatch", "long_context"),
         "Megatron sequence parallelism (same bytes as TP, activation memory counted against the "
         "formula), ring attention with online softmax, zig-zag balance and a measured overlap "
         "timeline, Ulysses all-to-all attention, expert parallelism for a mixture-of-experts "

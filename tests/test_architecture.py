@@ -112,3 +112,24 @@ def test_every_directly_imported_package_is_pinned():
     provided = {import_names.get(name, name) for name in pinned}
     missing = sorted(third_party - provided)
     assert not missing, f"imported but not pinned in requirements.txt: {missing}"
+
+
+# Parameters by which a caller threads instrumentation through an algorithm; in parallel/ the
+# lesson code observes nothing (counts, spans and memory attach from outside, in experiments/).
+_INSTRUMENTATION = {"counter", "timeline", "record", "memory", "measure_memory", "count_messages",
+                    "tl", "recorder", "trace"}
+
+
+def test_lesson_code_takes_no_instrumentation_parameter():
+    found = []
+    for layer, name, path in _modules():
+        if layer != "parallel":
+            continue
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = node.args
+                params = {p.arg for p in a.posonlyargs + a.args + a.kwonlyargs}
+                found += [f"parallel/{name}.py:{node.lineno} {node.name}({p}=)"
+                          for p in sorted(params & _INSTRUMENTATION)]
+    assert not found, f"instrumentation threaded through lesson code: {found}"
+

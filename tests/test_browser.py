@@ -12,7 +12,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -34,12 +33,6 @@ LAB_SETTINGS = {"@jupyterlab/apputils-extension/notification.jupyterlab-settings
                 {"fetchNews": "false", "checkForUpdates": False},
                 "@jupyterlab/notebook-extension/tracker.jupyterlab-settings":
                 {"autoStartDefaultKernel": False}}
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def api(base, token, method, path, body=None):
@@ -82,18 +75,32 @@ def wait_for_page_kernel(base, token, kernel_id, timeout=120):
                          f"{kernel}")
 
 
-def wait_for_server(url, proc, timeout):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"jupyter lab exited with code {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.3)
-    raise AssertionError(f"jupyter lab did not answer {url} within {timeout} s")
+def start_server(cmd, env, runtime_dir, log, timeout=90, tries=3):
+    """Start ``cmd`` (a Jupyter server on ``--ServerApp.port=0``) until one answers; returns
+    (process, port). The server binds a port the OS picks and writes it to its runtime file
+    (``jpserver-<pid>.json``): nothing here picks a port that another process could take before
+    the server binds it. jupyter_server 2.21 still binds port 0 once to learn a number and then
+    listens on that number; should another process take it in between, the server exits
+    ("could not be started") and a fresh one is started, at most ``tries`` times."""
+    for attempt in range(tries):
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+        info = runtime_dir / f"jpserver-{proc.pid}.json"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                server = json.loads(info.read_text())
+                with urllib.request.urlopen(f"http://127.0.0.1:{server['port']}/api/status?"
+                                            f"token={server['token']}", timeout=2) as r:
+                    if r.status == 200:
+                        return proc, server["port"]
+            except (OSError, ValueError, KeyError):  # not written, half written, not listening
+                time.sleep(0.3)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+            raise AssertionError(f"jupyter lab did not answer within {timeout} s")
+    raise AssertionError(f"jupyter lab exited with code {proc.returncode}, {tries} times")
 
 
 @pytest.fixture
@@ -117,24 +124,22 @@ def jupyter_lab(tmp_path):
     for rel, value in LAB_SETTINGS.items():
         (settings / rel).parent.mkdir(parents=True, exist_ok=True)
         (settings / rel).write_text(json.dumps(value))
-    port, token = free_port(), secrets.token_hex(16)
+    token = secrets.token_hex(16)
     env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
                JUPYTER_CONFIG_DIR=str(tmp_path / "config"),
                JUPYTER_DATA_DIR=str(tmp_path / "data"), IPYTHONDIR=str(tmp_path / "ipython"),
                HOME=str(home), PYTHONPATH=ROOT)
     cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
-           f"--ServerApp.port={port}", "--ServerApp.port_retries=0",
+           "--ServerApp.port=0", "--ServerApp.port_retries=0",
            f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
            f"--LabApp.user_settings_dir={settings}",
            f"--LabApp.workspaces_dir={tmp_path / 'workspaces'}"]
     if os.geteuid() == 0:
         cmd.append("--allow-root")
     log = open(tmp_path / "jupyter.log", "wb")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                            start_new_session=True)
+    proc, port = start_server(cmd, env, tmp_path / "runtime", log)
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_for_server(f"{base}/api/status?token={token}", proc, timeout=90)
         yield base, token, proc
     finally:
         family = [proc.pid] + [p.pid for p in _descendants(proc.pid)]

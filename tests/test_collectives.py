@@ -1,10 +1,13 @@
 """labutils.parallel.collectives: ring and recursive-doubling all-reduce equal dist.all_reduce;
-labutils.parallel.collective_demo: every collective, before and after."""
+labutils.parallel.collective_demo: every collective, before and after; their runs, counts and
+times in labutils.experiments.collective_runs."""
 import pytest
 import torch
 
 import labutils as lu
+from labutils.core.commcount import Call
 from labutils import collective_demo as D
+from labutils import collective_runs as R
 from labutils import collectives as C
 
 from .checkers import assert_check, checker_cases
@@ -78,7 +81,7 @@ def test_all_reduces_respect_the_group():
 
 @pytest.mark.slow
 def test_every_collective_before_after():
-    res = D.run_collectives(world_size=4)
+    res = R.run_collectives(world_size=4)
     assert set(res) == set(D.COLLECTIVES)
     assert res["all_reduce"][1] == [[60.0, 64.0, 68.0]] * 4
     assert res["broadcast"][1] == [[0.0, 1.0, 2.0]] * 4
@@ -94,11 +97,11 @@ def test_every_collective_before_after():
 
 def test_bad_input_refused_before_launch():
     with pytest.raises(ValueError, match="unknown collective"):
-        D.run_collectives(names=["allreduce"])
+        R.run_collectives(names=["allreduce"])
     with pytest.raises(ValueError, match="world_size >= 2"):
-        C.measure_all_reduce([1024], world_size=1)
+        R.measure_all_reduce([1024], world_size=1)
     with pytest.raises(ValueError, match="unknown all-reduce"):
-        C.measure_all_reduce([1024], impls=["tree2"])
+        R.measure_all_reduce([1024], impls=["tree2"])
 
 
 def test_bandwidth_definitions():
@@ -110,9 +113,12 @@ def test_bandwidth_definitions():
 
 @pytest.mark.slow
 def test_measure_all_reduce_returns_stats_per_size():
-    stats = C.measure_all_reduce([4 * 1024, 64 * 1024], world_size=2, repeats=2)
+    stats = R.measure_all_reduce([4 * 1024, 64 * 1024], world_size=2, repeats=2)
     assert set(stats) == {"gloo", "ring", "recursive_doubling"}
     assert all(len(v) == 2 and all(s.n == 2 and s.min > 0 for s in v) for v in stats.values())
+    # the variants of one size are paired round by round; different sizes are not
+    assert lu.timing.compare(stats["ring"][0], stats["gloo"][0]).paired
+    assert not lu.timing.compare(stats["ring"][0], stats["ring"][1]).paired
 
 
 @pytest.mark.slow
@@ -120,11 +126,12 @@ def test_measure_all_reduce_returns_stats_per_size():
 def test_traced_messages_and_bytes_per_rank(world_size):
     p, numel = world_size, 12 * 5 * 7        # divisible by 2, 3 and 4: no uneven chunks
     n = numel * 4                            # bytes of the fp32 tensor
-    t = C.trace_all_reduce(p, numel)
+    t = R.trace_all_reduce(p, numel)
     ring, rd, root = t["ring"], t["recursive_doubling"], t["root"]
     # the ring: 2(p-1) message steps on every rank, each rank sends and receives 2(p-1)/p n
     assert ring["steps"] == [2 * (p - 1)] * p
     assert ring["sent"] == ring["received"] == [2 * (p - 1) * n // p] * p
+    assert ring["link"] == {(r, (r + 1) % p): 2 * (p - 1) * n // p for r in range(p)}
     assert set(ring["link"]) == {(r, (r + 1) % p) for r in range(p)}   # neighbours only
     # recursive doubling: log2 p rounds of whole tensors; 3 steps at p = 3 (fold, 1 round, unfold)
     assert max(rd["steps"]) == {2: 1, 3: 3, 4: 2}[p]
@@ -135,16 +142,25 @@ def test_traced_messages_and_bytes_per_rank(world_size):
     for name, tr in t.items():
         assert sum(tr["sent"]) == sum(tr["link"].values()) >= 2 * (p - 1) * n, name
         assert max(tr["sent"]) >= 2 * (p - 1) * n // p, name
+        assert sum(tr["sent"]) == sum(tr["received"]), name   # every byte sent was received
+
+
+def test_message_steps_pair_a_receive_with_the_send_posted_before_it():
+    calls = lambda ops: [Call(op, 4, 2, 1, 0.0) for op in ops]
+    assert R.message_steps(calls(["send", "recv_"] * 3)) == 3          # ring exchanges
+    assert R.message_steps(calls(["recv_", "recv_", "send", "send"])) == 4   # a root, in turn
+    assert R.message_steps(calls(["recv_", "send", "recv_", "send"])) == 3   # fold, swap, unfold
+    assert R.message_steps(calls(["allreduce_", "send"])) == 1          # collectives: not messages
 
 
 def test_trace_refuses_gloo():
     with pytest.raises(ValueError, match="from-scratch"):
-        C.trace_all_reduce(2, 8, names=("gloo",))
+        R.trace_all_reduce(2, 8, names=("gloo",))
 
 
 @pytest.mark.slow
 def test_measure_all_reduce_with_calls_per_sample():
-    stats = C.measure_all_reduce([1024], world_size=2, impls=("ring", "root"), repeats=3, calls=4)
+    stats = R.measure_all_reduce([1024], world_size=2, impls=("ring", "root"), repeats=3, calls=4)
     assert set(stats) == {"ring", "root"}
     assert all(s[0].n == 3 and s[0].min > 0 for s in stats.values())
 
@@ -180,6 +196,35 @@ def _not_in_place(tensor):
     dist.all_reduce(tensor.clone())
 
 
+def _gloo(tensor):
+    """Not a ring: PyTorch's own all-reduce (right results)."""
+    import torch.distributed as dist
+    dist.all_reduce(tensor)
+
+
+def _blocking_ring(tensor):
+    """Typical mistake: the ring with blocking sends, every rank sending before it receives."""
+    import torch.distributed as dist
+    world_size, rank = dist.get_world_size(), dist.get_rank()
+    chunks = list(tensor.view(-1).tensor_split(world_size))
+    right, left = (rank + 1) % world_size, (rank - 1) % world_size
+    for step in range(world_size - 1):
+        send, recv = chunks[(rank - step) % world_size], chunks[(rank - step - 1) % world_size]
+        buf = torch.empty_like(recv)
+        if send.numel():
+            dist.send(send.clone(), right)
+        if recv.numel():
+            dist.recv(buf, left)
+        recv += buf
+    for step in range(world_size - 1):
+        send, recv = chunks[(rank + 1 - step) % world_size], chunks[(rank - step) % world_size]
+        if send.numel():
+            dist.send(send.clone(), right)
+        if recv.numel():
+            dist.recv(recv, left)
+    return tensor
+
+
 def _stub(tensor):
     raise NotImplementedError  # FILL ME IN
 
@@ -190,6 +235,9 @@ def _stub(tensor):
     "average": (_average, ("expected", "holds the mean")),
     "not_in_place": (_not_in_place, ("expected", "unchanged", "in place")),
     "stub": (_stub, "not implemented"),
+    "gloo": (_gloo, ("every result is right", "dist.all_reduce", "point-to-point")),
+    "root": (C.root_all_reduce, ("every result is right", "to or from rank 0", "root")),
+    "blocking_ring": (_blocking_ring, ("did not finish", "dist.isend"), {"timeout": 8}),
 }, passes="passed", also_right={"recursive_doubling": C.recursive_doubling_all_reduce}))
 def test_checker_accepts_reference_and_rejects_mistakes(answer, verdict):
     assert_check(lu.check_ring_all_reduce, answer, verdict)

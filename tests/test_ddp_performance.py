@@ -1,12 +1,15 @@
-"""labutils.experiments.ddp_performance and labutils.viz.plots: bandwidth arithmetic, overlap, timelines from real ranks."""
+"""labutils.experiments.ddp_performance, comm_spans and labutils.viz.plots: bandwidth arithmetic,
+queue / peer-wait / transfer spans, exposed communication, timelines from real ranks."""
 import json
 
 import matplotlib
 import pytest
 
 import labutils as lu
+from labutils import comm_spans as spans_mod
 from labutils import ddp_performance as profile
 from labutils import plots
+from labutils.core.commcount import Call
 from labutils.core.timeline import Span, to_chrome_trace
 from labutils.core.timing import Stats
 
@@ -23,62 +26,129 @@ def test_bus_bandwidth_formula():
         lu.costmodel.bus_bandwidth(1e9, 1.0, 1)
 
 
+def _call(launched, completed, nbytes=8):
+    return Call("allreduce_", nbytes, 2, None, launched, completed)
+
+
 @pytest.mark.lab04c
-def test_overlap_counts_only_the_same_rank_and_step():
-    def span(rank, name, start, end, step):
-        return Span(rank, name, start, end, meta={"step": step})
-    spans = [span(0, "backward", 0.0, 1.0, 1), span(0, "allreduce", 0.5, 1.5, 1),
-             span(0, "wait", 1.0, 1.6, 1),
-             span(1, "backward", 2.0, 3.0, 1), span(1, "allreduce", 0.0, 1.0, 1),
-             span(1, "wait", 3.0, 3.0, 1),
-             span(0, "backward", 5.0, 6.0, 2), span(0, "allreduce", 5.0, 5.5, 2)]
-    per = profile.overlap_by_step(spans)
-    assert per[(0, 1)] == pytest.approx((0.5, 0.6))   # half of its all-reduce under backward
-    assert per[(1, 1)] == pytest.approx((0.0, 0.0))   # rank 0's backward does not count
-    assert per[(0, 2)] == pytest.approx((1.0, 0.0))   # step 1's spans do not count for step 2
+def test_one_thread_starts_each_call_when_the_previous_one_completed():
+    calls = [_call(0.0, 2.0), _call(1.0, 3.0), _call(5.0, 6.0)]
+    assert spans_mod.thread_starts(calls) == [0.0, 2.0, 5.0]   # queued, queued, idle thread
+
+
+@pytest.mark.lab04c
+def test_split_calls_queue_peer_wait_and_transfer():
+    calls = [_call(0.0, 2.0), _call(1.0, 3.0)]
+    starts = [[0.0, 2.0], [0.5, 2.25]]          # rank 1 started each bucket later
+    spans = spans_mod.split_calls(0, calls, starts, step=1)
+    got = [(s.name, s.label, s.start, s.end) for s in spans]
+    assert got == [("queue", "b0", 0.0, 0.0), ("peer wait", "b0", 0.0, 0.5),
+                   ("transfer", "b0", 0.5, 2.0),
+                   ("queue", "b1", 1.0, 2.0), ("peer wait", "b1", 2.0, 2.25),
+                   ("transfer", "b1", 2.25, 3.0)]
+    # the three parts of a bucket add up to its launch-to-completion time
+    for b, c in enumerate(calls):
+        assert sum(s.duration for s in spans if s.label == f"b{b}") == pytest.approx(
+            c.completed - c.launched)
+    spans.append(Span(0, "backward", 0.0, 1.0, meta={"step": 1}))
+    shares = spans_mod.span_shares(spans)
+    assert shares["queue"] == pytest.approx(1.0 / 4.0)       # 1 s of 4 s launched-to-done
+    assert shares["peer wait"] == pytest.approx(0.75 / 4.0)
+    assert shares["transfer"] == pytest.approx(2.25 / 4.0)
+    assert shares["transfer during backward"] == pytest.approx(0.5 / 2.25)
+
+
+@pytest.mark.lab04c
+def test_median_interval_brackets_the_median():
+    m, lo, hi = spans_mod.median_interval([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0])
+    assert m == 5.0 and lo <= m <= hi
+    lo = spans_mod.median_interval([1.0, 2.0])[1]
+    assert lo != lo          # nan: 2 values are too few for a 95% interval
 
 
 @pytest.mark.lab04c
 @pytest.mark.slow
-def test_timeline_separates_backward_from_the_wait_for_buckets():
-    spans = [s for r in lu.launch(profile.timeline_worker, steps=2, bucket_cap_mb=0.05,
+def test_timeline_separates_backward_wait_and_each_buckets_parts():
+    spans = [s for r in lu.launch(spans_mod.timeline_worker, steps=2, bucket_cap_mb=0.05,
                                   world_size=2) for s in r]
     for rank in (0, 1):
         for step in (1, 2):
-            mine = {s.name: s for s in spans if s.rank == rank and s.meta["step"] == step
-                    and s.name != "allreduce"}
-            assert set(mine) == {"forward", "backward", "wait"}
-            # the wait begins where backward's computation ends, and every bucket's
-            # all-reduce ends before the wait does
-            assert mine["backward"].end == mine["wait"].start
-            assert all(s.end <= mine["wait"].end for s in spans
-                       if s.rank == rank and s.meta["step"] == step and s.name == "allreduce")
-    per = profile.overlap_by_step(spans)
-    assert len(per) == 4 and all(0.0 <= h <= 1.0 and e >= 0.0 for h, e in per.values())
+            mine = [s for s in spans if s.rank == rank and s.meta["step"] == step]
+            compute = {s.name: s for s in mine if s.name in ("forward", "backward", "wait")}
+            assert set(compute) == {"forward", "backward", "wait"}
+            # the wait begins where backward's computation ends
+            assert compute["backward"].end == compute["wait"].start
+            comm = [s for s in mine if s.name in ("peer wait", "transfer")]
+            assert len(comm) >= 2 * 2                       # several buckets
+            # one gloo thread: a rank's peer waits and transfers never overlap, and no span
+            # is negative (no bucket completes before the last rank has started it)
+            assert all(s.end >= s.start for s in mine)
+            comm.sort(key=lambda s: (s.start, s.end))
+            assert all(a.end <= b.start for a, b in zip(comm, comm[1:]))
+            assert all(s.end <= compute["wait"].end for s in comm)
+    shares = spans_mod.span_shares(spans)
+    assert sum(shares[n] for n in spans_mod.COMM_SPANS) == pytest.approx(1.0)
+
+
+def _after_backward_equals_bucketed(rank, world_size):
+    import torch
+    torch.manual_seed(rank)
+    x = torch.randn(8, 16)
+    out = []
+    for cls in (lu.ddp.BucketedDDP, spans_mod.AfterBackwardDDP):
+        torch.manual_seed(0)
+        model = cls(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 4)),
+                    bucket_cap_mb=0.001)
+        model(x).square().sum().backward()
+        out.append([p.grad.clone() for p in model.parameters()])
+    return out
+
+
+@pytest.mark.lab04c
+@pytest.mark.slow
+def test_after_backward_variant_gives_the_same_gradients():
+    import torch
+    for bucketed, after in lu.launch(_after_backward_equals_bucketed, world_size=2):
+        for g, h in zip(bucketed, after, strict=True):
+            torch.testing.assert_close(h, g, rtol=0, atol=0)   # the same sums, in the same order
+
+
+@pytest.mark.lab04c
+@pytest.mark.slow
+def test_exposed_worker_pairs_its_rounds():
+    result = lu.launch(spans_mod.exposed_worker, rounds=2, bucket_cap_mb=0.1, width=1,
+                       batch_per_rank=8, world_size=2)
+    for r in result:
+        assert r["buckets"] > 1
+        assert all(len(r[v]) == 2 for v in ("sync", "no_sync", "after backward"))
+    # the slowest rank's time per round: the same lists on both ranks
+    assert result[0]["sync"] == result[1]["sync"]
+    (m, lo, hi), _ = spans_mod.exposed(result[0])
+    assert m == m      # a number (its interval may be nan with 2 rounds)
 
 
 @pytest.mark.lab04c
 def test_speedup_and_efficiency_arithmetic():
-    t = {1: Stats.of([2.0, 2.2, 1.8]), 2: Stats.of([1.0, 1.1, 0.9])}
-    s = plots.speedup(t)
+    t = {1: Stats.of([2.0, 2.2, 1.8]), 2: Stats.of([1.0, 1.0, 1.2])}
+    s = plots.speedup(t)      # per paired round: 2.0, 2.2, 1.5
     assert s[1].median == pytest.approx(1.0) and s[2].median == pytest.approx(2.0)
-    assert s[2].min == pytest.approx(1.8 / 1.1) and s[2].max == pytest.approx(2.2 / 0.9)
+    assert s[2].min == pytest.approx(1.5) and s[2].max == pytest.approx(2.2)
+    with pytest.raises(ValueError):   # unequal rounds cannot be paired
+        plots.speedup({1: Stats.of([1.0, 2.0]), 2: Stats.of([1.0])})
     assert plots.efficiency(s)[2].median == pytest.approx(1.0)
 
 
 @pytest.mark.lab04c
 @pytest.mark.slow
-def test_timeline_shows_bucket_allreduces_and_a_perfetto_trace(tmp_path):
-    per_rank = lu.launch(profile.timeline_worker, steps=2, bucket_cap_mb=0.1, world_size=2)
+def test_timeline_draws_two_lanes_per_rank_and_a_perfetto_trace(tmp_path):
+    per_rank = lu.launch(spans_mod.timeline_worker, steps=2, bucket_cap_mb=0.1, world_size=2)
     for rank, spans in enumerate(per_rank):
         names = [s.name for s in spans]
         assert names.count("forward") == 2 and names.count("backward") == 2
-        assert names.count("allreduce") >= 2 * 2          # several buckets per step
+        assert names.count("wait") == 2                    # the exposed part of each step
+        assert names.count("transfer") == names.count("queue") == names.count("peer wait") >= 4
         for s in spans:
             assert s.rank == rank and s.end >= s.start
-        assert names.count("wait") == 2                    # the exposed part of each step
-        wait_end = max(s.end for s in spans if s.name == "wait")
-        assert max(s.end for s in spans if s.name == "allreduce") <= wait_end
     spans = lu.timeline.flatten(per_rank)
     ax = lu.timeline_plot.plot_overlap(spans)
     assert len(ax.get_yticks()) == 4                      # compute and comm lane per rank

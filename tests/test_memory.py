@@ -1,4 +1,4 @@
-"""labutils.core.memory: the memory formula against the measured peak of a real training step."""
+"""labutils.core.memory: the memory formula against the measured peak of a real training step;\nLiveBytes, the peak counted from the storages ops make (views, resizes, frees on another thread)."""
 import functools
 
 import pytest
@@ -36,6 +36,55 @@ def test_measure_peak_is_deterministic():
     make = functools.partial(lu.models.mlp, (32, 64, 10))
     peaks = [memory.measure_peak(memory.train_steps, make, x, y, "adam")[1] for _ in range(2)]
     assert peaks[0] == peaks[1] > 0
+
+
+def test_live_bytes_counts_storages_made_inside_until_they_die():
+    before = torch.empty(1000)               # made before the block: not counted
+
+    def work():
+        a = torch.empty(1000)                # 4000 bytes live
+        b = a.view(10, 100).add_(1)          # a view and an in-place result: no new storage
+        c = torch.empty(500)                 # +2000 -> 6000, the peak
+        del a, b, c
+        before.mul_(2)                       # touched, but made before the block
+        return torch.empty(10)               # 40 bytes live at the end
+
+    with memory.LiveBytes() as live:
+        result = work()
+    assert result.shape == (10,)
+    assert (live.peak, live.now) == (6000, 40)
+    assert memory.live_peak(work)[1] == 6000
+
+
+def test_live_bytes_sees_storage_resized_and_freed_on_another_thread():
+    import threading
+    held, dropped = [], threading.Event()
+
+    def work():
+        t = torch.empty(1000)                # 4000
+        t.untyped_storage().resize_(0)       # freed as FSDP2 frees a gathered weight
+        u = torch.empty(250)                 # 1000 live: the resized storage counts 0
+        held.append(u)
+        del u
+        threading.Thread(target=lambda: (held.clear(), dropped.set())).start()
+        dropped.wait()                       # the last reference died on the other thread
+        return torch.empty(100)              # 400 live
+
+    with memory.LiveBytes() as live:
+        result = work()
+    assert (live.peak, live.now) == (4000, result.nbytes)
+    del result
+    assert live.now == 0                     # read after the block too: what is still alive
+
+
+def test_live_peak_repeats_and_is_at_most_the_allocators_peak():
+    x, y = _batch(64, (32,))
+    make = functools.partial(lu.models.mlp, (32, 64, 10))
+    peaks = [memory.live_peak(memory.train_steps, make, x, y, "adam")[1] for _ in range(2)]
+    est = memory.model_memory(make(), optimizer="adam")
+    assert peaks[0] == peaks[1] >= est["weights"] + est["gradients"] + est["optimizer"]
+    # the allocator also hears an op's scratch, which tensors never hold
+    assert peaks[0] <= memory.measure_peak(memory.train_steps, make, x, y, "adam")[1]
 
 
 def test_formula_terms():

@@ -1,6 +1,7 @@
 """Lab 05: naive model parallelism, the micro-batched forward (send vs isend) and its measured idle share, the per-stage memory formula against measured peaks, and the two checkers; each checked against one process."""
 import itertools
 import os
+from collections import Counter
 import time
 import warnings
 from functools import partial
@@ -12,6 +13,8 @@ import torch.distributed as dist
 
 import labutils as lu
 from labutils import model_parallel as mp
+from labutils import model_parallel_runs as mpr
+from labutils import stage_memory as sm
 from labutils.exercises import lab05
 
 from .checkers import assert_check, checker_cases
@@ -70,11 +73,13 @@ def test_balanced_sizes_is_optimal_by_brute_force():
 def test_bad_configurations_raise_before_any_process():
     x, y = _batch()
     with pytest.raises(ValueError, match="use at most 6 stages"):
-        mp.run_naive_model_parallel(MODEL, x, y, world_size=8)
+        mpr.run_naive_model_parallel(MODEL, x, y, world_size=8)
+    with pytest.raises(ValueError, match="use at most 6 stages"):
+        sm.stage_peaks(MODEL, x, y, world_size=8)
     with pytest.raises(ValueError, match="cannot be split evenly over 3 ranks"):
-        lu.split_matmul.run_split_matmul(torch.ones(2, 4), torch.ones(4, 8), world_size=3, how="column")
+        mpr.run_split_matmul(torch.ones(2, 4), torch.ones(4, 8), world_size=3, how="column")
     with pytest.raises(ValueError, match="how must be"):
-        lu.split_matmul.run_split_matmul(torch.ones(2, 4), torch.ones(4, 8), how="diagonal")
+        mpr.run_split_matmul(torch.ones(2, 4), torch.ones(4, 8), how="diagonal")
 
 
 # ---- real ranks ---------------------------------------------------------------------------
@@ -85,8 +90,16 @@ def test_naive_model_parallel_equals_one_process(world_size):
     x, y = _batch()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        results = mp.run_naive_model_parallel(MODEL, x, y, world_size=world_size, steps=3)
+        results = mpr.run_naive_model_parallel(MODEL, x, y, world_size=world_size, steps=3)
+        shapes = mp.boundary_shapes(mp.split_model(MODEL(), world_size), x)
+        plain = lu.launch(mp.naive_model_parallel_worker, MODEL, x, y, shapes, steps=3,
+                          world_size=world_size)
     ref = mp.reference_step(MODEL, x, y, steps=3)
+    for key in ("grads", "params"):       # observing from outside changes no number
+        a, b = mp.merge_stage_results(plain, key), mp.merge_stage_results(results, key)
+        assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a), key
+    assert plain[-1]["losses"] == results[-1]["losses"]
+    torch.testing.assert_close(plain[-1]["output"], ref["output"])
     torch.testing.assert_close(results[-1]["output"], ref["output"])
     torch.testing.assert_close(results[-1]["losses"], ref["losses"])
     grads = mp.merge_stage_results(results, "grads")
@@ -102,18 +115,15 @@ def test_naive_model_parallel_equals_one_process(world_size):
 def test_memory_per_rank_falls_below_the_single_process_peak():
     model_fn = partial(mp.make_mlp, 8, 128, 64, 10, 0)
     x, y = _batch(64, 64, 10)
-    single = mp.single_process_peak(model_fn, x, y)
-    assert single == mp.single_process_peak(model_fn, x, y)   # measured bytes reproduce
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        peaks = {ws: [r["peak_bytes"] for r in mp.run_naive_model_parallel(
-            model_fn, x, y, world_size=ws, measure_memory=True)] for ws in (2, 4)}
+    single = sm.single_process_peak(model_fn, x, y)
+    assert single == sm.single_process_peak(model_fn, x, y)   # measured bytes reproduce
+    peaks = {ws: sm.stage_peaks(model_fn, x, y, world_size=ws) for ws in (2, 4)}
     assert max(peaks[2]) < single and max(peaks[4]) < max(peaks[2])
     # each rank holds at least its own weights and their gradients
     for ws, per_rank in peaks.items():
         stages = mp.split_model(model_fn(), ws)
         for stage, peak in zip(stages, per_rank):
-            assert peak >= 2 * mp.weight_bytes(stage)
+            assert peak >= 2 * sm.weight_bytes(stage)
 
 
 @pytest.mark.slow
@@ -122,13 +132,21 @@ def test_split_matmuls_equal_the_full_matmul(world_size):
     g = torch.Generator().manual_seed(2)
     x, w = torch.randn(5, 8, generator=g), torch.randn(8, 12, generator=g)
     for how in ("column", "row"):
-        for y in lu.split_matmul.run_split_matmul(x, w, world_size=world_size, how=how):
+        for y in mpr.run_split_matmul(x, w, world_size=world_size, how=how):
             torch.testing.assert_close(y, x @ w)
 
 
 def _microbatched(rank, world_size, x, n_microbatches, blocking):
-    return lu.microbatch.microbatched_forward(rank, world_size, mp.split_model(MODEL(), world_size),
-                                              x, n_microbatches, blocking=blocking)
+    stages = mp.split_model(MODEL(), world_size)
+    x_mbs = x.chunk(n_microbatches)
+    in_shape = mp.boundary_shapes(stages, x_mbs[0])[rank]
+    return lu.microbatch.microbatched_forward(rank, world_size, stages[rank], x_mbs, in_shape,
+                                              blocking=blocking)
+
+
+def _timed(rank, world_size, x, n_microbatches, blocking):
+    return lu.microbatch_idle.timed_forward(rank, world_size, mp.split_model(MODEL(), world_size),
+                                            x, n_microbatches, blocking)
 
 
 @pytest.mark.slow
@@ -138,9 +156,12 @@ def test_microbatched_forward_equals_the_whole_batch(blocking):
     results = lu.launch(_microbatched, x, 4, blocking, world_size=3, timeout=60,
                         warn_oversubscription=False)
     with torch.no_grad():
-        torch.testing.assert_close(results[-1][0], MODEL()(x))
-    assert all(out is None for out, _ in results[:-1])
-    assert [len(spans) for _, spans in results] == [4, 4, 4]
+        torch.testing.assert_close(results[-1], MODEL()(x))
+    assert all(out is None for out in results[:-1])
+    timed = lu.launch(_timed, x, 4, blocking, world_size=3, timeout=60,
+                      warn_oversubscription=False)
+    assert torch.equal(timed[-1][0], results[-1])
+    assert [[s.label for s in spans] for _, spans in timed] == [["0", "1", "2", "3"]] * 3
 
 
 def test_unequal_microbatches_are_refused():
@@ -206,8 +227,8 @@ def test_fresh_formula_matches_one_process_peak():
     x, y = _batch(64, 64, 10)
     est = lu.memory.model_memory(model_fn(), optimizer="sgd", example_input=x, gradients="fresh")
     assert est["total"] == sum(est[t] for t in lu.memory.TERMS)
-    assert est["weights"] == mp.weight_bytes(model_fn()) and est["optimizer"] == 0
-    peak = mp.single_process_peak(model_fn, x, y)
+    assert est["weights"] == sm.weight_bytes(model_fn()) and est["optimizer"] == 0
+    peak = sm.single_process_peak(model_fn, x, y)
     assert abs(peak / est["total"] - 1) < 0.05
     kept = lu.memory.model_memory(model_fn(), optimizer="sgd", example_input=x)
     assert est["total"] < kept["total"]                  # gradients and activations never all coexist
@@ -229,10 +250,17 @@ def test_stage_formulas_match_each_ranks_measured_peak():
 @pytest.mark.slow
 def test_naive_model_parallel_counts_two_messages_per_boundary_and_keeps_step_spans():
     x, y = _batch()
-    results = mp.run_naive_model_parallel(MODEL, x, y, world_size=3, steps=2, count_messages=True,
-                                          warn_oversubscription=False)
-    assert [r["messages"].get("c10d.send", 0) for r in results] == [1, 2, 1]
-    assert [r["messages"].get("c10d.recv_", 0) for r in results] == [1, 2, 1]
+    results = mpr.run_naive_model_parallel(MODEL, x, y, world_size=3, steps=2,
+                                           warn_oversubscription=False)
+    counted = [Counter(c.op for c in r["messages"]) for r in results]
+    assert [c["send"] for c in counted] == [1, 2, 1] and [c["recv_"] for c in counted] == [1, 2, 1]
+    # forward: an activation to rank + 1; backward: its gradient to rank - 1, each 12 x width
+    shapes = mp.boundary_shapes(mp.split_model(MODEL(), 3), x)
+    for rank, r in enumerate(results):
+        sends = [(c.peer, c.nbytes) for c in r["messages"] if c.op == "send"]
+        expected = ([(rank + 1, torch.empty(shapes[rank + 1]).nbytes)] if rank < 2 else []) + \
+            ([(rank - 1, torch.empty(shapes[rank]).nbytes)] if rank > 0 else [])
+        assert sends == expected, rank
     for r in results:
         assert len(r["step_spans"]) == 2
         assert [[s.name for s in step] for step in r["step_spans"]] == [["forward", "backward"]] * 2
@@ -254,7 +282,7 @@ def _forgets_to_send(rank, world_size, stage_input, stage_output, loss):
     else:
         grad_output = torch.empty_like(stage_output)
         dist.recv(grad_output, src=rank + 1)
-        mp.backward_from(stage_output, grad_output)
+        stage_output.backward(grad_output)
 
 
 def _sends_zeros(rank, world_size, stage_input, stage_output, loss):

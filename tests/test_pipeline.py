@@ -10,6 +10,8 @@ import labutils as lu
 from labutils import model_parallel as mp
 from labutils import pipeline as pl
 from labutils import pipeline_bubble as pb
+from labutils import pipeline_runs as runs_
+from labutils import stage_observers as obs
 from labutils import torch_pipeline as tp
 from labutils.core.timeline import Span
 
@@ -105,7 +107,7 @@ def test_interleaved_formula_reduces_to_the_plain_one():
 def test_saved_bytes_counts_while_the_graph_lives():
     lin = torch.nn.Linear(8, 8)
     x = torch.randn(4, 8, requires_grad=True)
-    memory = pl.SavedBytes(lin)
+    memory = obs.SavedBytes(lin)
     with memory.saving(0):
         y0 = torch.tanh(lin(x))           # saves x (Linear) and tanh's output: 2 x 4 x 8 floats
     with memory.saving(1):
@@ -116,6 +118,23 @@ def test_saved_bytes_counts_while_the_graph_lives():
     assert memory.bytes == 2 * 16 * 4
     y1.sum().backward()
     assert memory.bytes == 0 and memory.live == {} and not memory.by_label
+
+
+def test_stage_spans_time_forward_and_backward_from_outside():
+    stage = pl.make_pipeline_mlp(2, 8, 4, 2)
+    x = torch.randn(2, 4)
+    tl = lu.timeline.Timeline(0)
+    memory = obs.SavedBytes(stage)
+    with obs.stage_spans(stage, tl, labels=[3, 5]), memory.per_forward(stage, [3, 5]):
+        a, b = stage(x), stage(x)
+        assert memory.peak_microbatches == 2 and set(memory.by_label) == {3, 5}
+        b.sum().backward()
+        a.sum().backward()
+    assert [(s.name, s.label) for s in tl.spans] == [
+        ("forward", "3"), ("forward", "5"), ("backward", "5"), ("backward", "3")]
+    assert all(s.end >= s.start for s in tl.spans) and memory.bytes == 0
+    stage(x).sum().backward()                           # the hooks are gone
+    assert len(tl.spans) == 4 and memory.peak_microbatches == 2
 
 
 def test_delay_changes_no_value_and_splits_backward_when_asked():
@@ -130,10 +149,11 @@ def test_delay_changes_no_value_and_splits_backward_when_asked():
     for (n, p), (_, q) in zip(plain.named_parameters(),
                               [(n, q) for n, q in emulated.named_parameters() if n not in extra]):
         assert torch.equal(p.grad, q.grad), n
-    tl = lu.timeline.Timeline(0)
-    with lu.emulated_stages.recording(tl):
-        emulated(x).sum().backward()
-    assert sorted(s.name for s in tl.spans) == ["B"] * 3 + ["F"] * 3 + ["W"] * 3
+    obs.work_spans([emulated], 0)                     # the runs above, read and cleared
+    emulated(x).sum().backward()
+    spans = obs.work_spans([emulated], 0)
+    assert sorted(s.name for s in spans) == ["B"] * 3 + ["F"] * 3 + ["W"] * 3
+    assert all(s.rank == 0 and s.end >= s.start for s in spans) and obs.work_spans([emulated], 0) == []
 
 
 def test_op_gaps_and_latency_model():
@@ -155,13 +175,15 @@ def test_op_gaps_and_latency_model():
 def test_bad_configurations_raise_before_any_process():
     x, y = _batch(24)
     with pytest.raises(ValueError, match="cannot be split into 5 equal micro-batches"):
-        pl.run_pipeline(MODEL, x, y, world_size=2, n_microbatches=5)
+        runs_.run_pipeline(MODEL, x, y, world_size=2, n_microbatches=5)
     with pytest.raises(ValueError, match="cannot split a model of 8 layers into 9 stages"):
-        pl.run_pipeline(MODEL, x, y, world_size=9, n_microbatches=4)
+        runs_.observe_pipeline(MODEL, x, y, world_size=9, n_microbatches=4)
     with pytest.raises(ValueError, match="unknown schedule"):
-        pl.run_pipeline(MODEL, x, y, schedule="zigzag")
+        runs_.run_pipeline(MODEL, x, y, schedule="zigzag")
     with pytest.raises(ValueError, match="cannot be split into 7"):
-        lu.torch_pipeline.run_torch_pipeline(MODEL, x, y, n_microbatches=7)
+        runs_.run_torch_pipeline(MODEL, x, y, n_microbatches=7)
+    with pytest.raises(ValueError, match="unknown schedule"):
+        runs_.run_torch_pipeline(MODEL, x, y, schedules=("gpipe", "zigzag"))
     with pytest.raises(ValueError, match="one cost per layer"):
         pl.make_pipeline_mlp(4, layer_ms=[1.0])
 
@@ -176,25 +198,50 @@ def test_pipeline_trains_like_one_process(world_size, schedule, m):
     x, y = _batch()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        results = pl.run_pipeline(MODEL, x, y, world_size=world_size, schedule=schedule,
-                                  n_microbatches=m, steps=3)
+        results = runs_.run_pipeline(MODEL, x, y, world_size=world_size, schedule=schedule,
+                                     n_microbatches=m, steps=3)
     ref = pl.reference_train(MODEL, x, y, steps=3)
     torch.testing.assert_close(results[-1]["losses"], ref["losses"])
     grads = mp.merge_stage_results(results, "grads")
     assert set(grads) == set(ref["grads"])
     torch.testing.assert_close(grads, ref["grads"])
     torch.testing.assert_close(mp.merge_stage_results(results, "params"), ref["params"])
-    spans = [s for r in results for s in r["spans"]]
-    assert sum(s.name == "forward" for s in spans) == world_size * m
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size,schedule,m", [(2, "gpipe", 4), (3, "1f1b", 6)])
+def test_observing_a_pipeline_changes_no_number_and_sees_every_op(world_size, schedule, m):
+    x, y = _batch()
+    model_fn = partial(pl.make_pipeline_mlp, 8, 24, 16, 4, [0.02] * 8)   # sleeps: work spans
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plain = runs_.run_pipeline(model_fn, x, y, world_size=world_size, schedule=schedule,
+                                   n_microbatches=m, steps=2)
+        seen = runs_.observe_pipeline(model_fn, x, y, world_size=world_size, schedule=schedule,
+                                      n_microbatches=m, steps=2)
+    for key in ("grads", "params"):           # the observers are hooks: bit-identical numbers
+        a, b = mp.merge_stage_results(plain, key), mp.merge_stage_results(seen, key)
+        assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a), key
+    assert plain[-1]["losses"] == seen[-1]["losses"]
+    for rank, r in enumerate(seen):
+        ops = pl.SCHEDULES[schedule](rank, world_size, m)
+        names = {"F": "forward", "B": "backward"}
+        assert sorted((s.name, s.label) for s in r["spans"]) == \
+            sorted((names[op], str(i)) for op, i in ops), rank
+        assert all(s.rank == rank for s in r["spans"] + r["work_spans"])
+        work = [s.name for s in r["work_spans"]]
+        layers = len(mp.split_model(model_fn(), world_size)[rank])
+        assert sorted(work) == ["B"] * (layers * m) + ["F"] * (layers * m), rank
+    # a backward span starts after its forward span ended, on every stage
+    for r in seen:
+        f = {s.label: s for s in r["spans"] if s.name == "forward"}
+        assert all(s.start >= f[s.label].end for s in r["spans"] if s.name == "backward")
 
 
 @pytest.mark.slow
 def test_one_f_one_b_holds_fewer_activations_than_gpipe():
     x, y = torch.randn(64, 16), torch.randn(64, 4)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        runs = {s: pl.run_pipeline(MODEL, x, y, world_size=4, schedule=s, n_microbatches=8,
-                                   measure_memory=True) for s in ("gpipe", "1f1b")}
+    runs = runs_.measure_activation_memory(MODEL, x, y, world_size=4, n_microbatches=8)
     assert [r["peak_microbatches"] for r in runs["gpipe"]] == [8, 8, 8, 8]
     assert [r["peak_microbatches"] for r in runs["1f1b"]] == [4, 3, 2, 1]
     for g, o in zip(runs["gpipe"], runs["1f1b"]):
@@ -211,10 +258,10 @@ def test_torch_pipelining_matches_the_from_scratch_pipeline(world_size):
     x, y = _batch()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        theirs = lu.torch_pipeline.run_torch_pipeline(MODEL, x, y, world_size=world_size, n_microbatches=4,
-                                       steps=2)
+        theirs = runs_.run_torch_pipeline(MODEL, x, y, world_size=world_size, n_microbatches=4,
+                                          steps=2)
         for schedule in ("gpipe", "1f1b"):
-            ours = pl.run_pipeline(MODEL, x, y, world_size=world_size, schedule=schedule,
+            ours = runs_.run_pipeline(MODEL, x, y, world_size=world_size, schedule=schedule,
                                    n_microbatches=4, steps=2)
             for key in ("grads", "params"):
                 torch.testing.assert_close(mp.merge_stage_results(theirs[schedule], key),
@@ -230,7 +277,7 @@ def test_every_torch_schedule_trains_like_one_process_and_runs_the_counted_order
     emulated = partial(pl.make_pipeline_mlp, 4, 16, 16, 4, [0.05] * 4, 0, True)
     plain = partial(pl.make_pipeline_mlp, 4, 16, 16, 4)
     x, y = _batch(8)
-    runs = tp.run_torch_pipeline(emulated, x, y, world_size=p, schedules=tuple(tp.SCHEDULES),
+    runs = runs_.run_torch_pipeline(emulated, x, y, world_size=p, schedules=tuple(tp.SCHEDULES),
                                  n_microbatches=m, steps=2)
     ref = pl.reference_train(plain, x, y, steps=2)
     for schedule, per_rank in runs.items():
@@ -255,9 +302,10 @@ def test_saved_bytes_agree_between_our_executor_and_torchs():
     x, y = _batch(16)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        theirs = tp.run_torch_pipeline(MODEL, x, y, world_size=2, n_microbatches=4, steps=2)
+        theirs = runs_.run_torch_pipeline(MODEL, x, y, world_size=2, n_microbatches=4, steps=2)
         for schedule in ("gpipe", "1f1b"):
-            ours = pl.run_pipeline(MODEL, x, y, world_size=2, schedule=schedule, n_microbatches=4)
+            ours = runs_.observe_pipeline(MODEL, x, y, world_size=2, schedule=schedule,
+                                          n_microbatches=4)
             assert [r["peak_saved_bytes"][-1] for r in theirs[schedule]] == \
                 [r["peak_activation_bytes"] for r in ours], schedule
     assert all(o < g for o, g in zip(*[[r["peak_saved_bytes"][-1] for r in theirs[s]]

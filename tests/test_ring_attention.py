@@ -11,6 +11,7 @@ import labutils as lu
 from labutils.core.timeline import Span
 from labutils.exercises import lab06d
 from labutils.experiments import ring_timing as rt
+from labutils.experiments import ring_trace
 from labutils.parallel import online_softmax as osm
 from labutils.parallel import ring_attention as ra
 
@@ -107,16 +108,18 @@ def test_bad_split_is_refused_before_any_process_starts(monkeypatch, seq, world_
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 @pytest.mark.parametrize("kind", ra.LAYOUTS)
 def test_counted_work_is_the_formula(world_size, kind):
-    """The counts the ring makes (attend_chunks, as each rank calls it) against the formulas."""
+    """The work the ring does (attend_chunks as each rank calls it, observed from outside by
+    ring_trace, pairs counted from the masks of the chunks it was given) against the formulas."""
     seq = 48
     layout = ra.RingLayout(seq, world_size, kind)
     q = torch.zeros(1, 1, seq // world_size, 2)
     for rank in range(world_size):
-        counts = {}
-        for src in range(world_size):
-            osm.attend_chunks(q, q, q, layout.chunks(rank), layout.chunks(src), counts)
-        assert counts["pairs"] == rt.pairs_formula(seq, world_size, kind, rank)
-        assert counts["blocks"] == rt.blocks_formula(world_size, kind, rank)
+        with ring_trace.trace_ring(layout) as trace:
+            for src in range(world_size):
+                ra.attend_chunks(q, q, q, layout.chunks(rank), layout.chunks(src))
+        assert [e.label for e in trace.spans("compute")] == [str(s) for s in range(world_size)]
+        assert trace.pairs["pairs"] == rt.pairs_formula(seq, world_size, kind, rank)
+        assert trace.pairs["blocks"] == rt.blocks_formula(world_size, kind, rank)
     total = sum(rt.pairs_formula(seq, world_size, kind, r) for r in range(world_size))
     assert total == seq * (seq + 1) // 2                      # the causal triangle, once
 
@@ -154,13 +157,9 @@ class _NoNetwork:
         return self._Done()
 
 
-def _steps(events, phase):
-    return [(step, what) for p, step, what in events if p == phase]
-
-
 def _forward_order(n, overlap):
     hop = ["post K/V", "compute", "wait K/V"] if overlap else ["compute", "post K/V", "wait K/V"]
-    return [(s, e) for s in range(n - 1) for e in hop] + [(n - 1, "compute")]
+    return hop * (n - 1) + ["compute"]
 
 
 def _backward_order(n):
@@ -168,22 +167,22 @@ def _backward_order(n):
     (so it flew during this block's compute), wait for K/V, post the accumulator on."""
     order = []
     for s in range(n):
-        order += [(s, "post K/V")] if s < n - 1 else []
-        order += [(s, "compute")]
-        order += [(s, "wait dK/dV")] if s > 0 else []
-        order += [(s, "wait K/V")] if s < n - 1 else []
-        order += [(s, "post dK/dV")]
-    return order + [(n, "wait dK/dV")]
+        order += ["post K/V"] if s < n - 1 else []
+        order += ["compute"]
+        order += ["wait dK/dV"] if s > 0 else []
+        order += ["wait K/V"] if s < n - 1 else []
+        order += ["post dK/dV"]
+    return order + ["wait dK/dV"]
 
 
 def _expected_sends(seq, n, heads=4, head_dim=16, element=8):
     """N-1 K/V sends forward; N-1 K/V and N dK/dV sends backward; bytes = long_context's."""
     block = 2 * seq // n * heads * head_dim * element
-    sends = {("forward", "K/V"): {"calls": n - 1, "bytes": (n - 1) * block},
-             ("backward", "K/V"): {"calls": n - 1, "bytes": (n - 1) * block},
-             ("backward", "dK/dV"): {"calls": n, "bytes": n * block}}
+    sends = {"forward": {"K/V": {"calls": n - 1, "bytes": (n - 1) * block}},
+             "backward": {"K/V": {"calls": n - 1, "bytes": (n - 1) * block},
+                          "dK/dV": {"calls": n, "bytes": n * block}}}
     for phase in ("forward", "backward"):
-        assert sum(c["bytes"] for (p, _), c in sends.items() if p == phase) == \
+        assert sum(c["bytes"] for c in sends[phase].values()) == \
             lu.long_context.ring_kv_bytes(seq, 1, heads * head_dim, n, element, phase)
     return sends
 
@@ -193,29 +192,36 @@ def test_forward_posts_the_hop_before_computing(monkeypatch, overlap):
     monkeypatch.setattr(ra, "dist", _NoNetwork())
     layout = ra.RingLayout(48, 3, "zigzag")
     q, k, v, _ = (layout.shard(t, 1) for t in ra.qkv(48))
-    record = ra.RingRecord()
-    ra.ring_attention_forward(q, k, v, layout, 1, record, overlap=overlap)
-    assert _steps(record.events, "forward") == _forward_order(3, overlap)
-    assert record.sends == {("forward", "K/V"): _expected_sends(48, 3)[("forward", "K/V")]}
+    with ring_trace.trace_ring() as trace:
+        ra.ring_attention_forward(q, k, v, layout, 1, overlap=overlap)
+    assert trace.order() == _forward_order(3, overlap)
+    assert len(trace.flights("K/V")) == 2
 
 
 def test_backward_waits_for_dkdv_only_after_the_next_block(monkeypatch):
     monkeypatch.setattr(ra, "dist", _NoNetwork())
     layout = ra.RingLayout(48, 4, "contiguous")
     q, k, v, dout = (layout.shard(t, 2).requires_grad_() for t in ra.qkv(48))
-    record = ra.RingRecord()
-    ra.ring_attention(q, k, v, layout, 2, record).backward(dout.detach())
-    assert _steps(record.events, "backward") == _backward_order(4)
-    assert record.sends == _expected_sends(48, 4)
+    out = ra.ring_attention(q, k, v, layout, 2)
+    with ring_trace.trace_ring() as trace:
+        out.backward(dout.detach())
+    assert trace.order() == _backward_order(4)
+
+
+def test_the_trace_leaves_the_ring_as_it_found_it():
+    real = (ra.ring_shift, ra.wait, ra.attend_chunks, ra.attend_chunks_backward)
+    with ring_trace.trace_ring():
+        assert ra.wait is not real[1]
+    assert (ra.ring_shift, ra.wait, ra.attend_chunks, ra.attend_chunks_backward) == real
 
 
 def test_one_rank_ring_sends_nothing():
     q, k, v, dout = (t.requires_grad_() for t in ra.qkv(16))
-    record = ra.RingRecord()
-    out = ra.ring_attention(q, k, v, ra.RingLayout(16, 1), 0, record)
-    out.backward(dout.detach())
+    with ring_trace.trace_ring() as trace:
+        out = ra.ring_attention(q, k, v, ra.RingLayout(16, 1), 0)
+        out.backward(dout.detach())
     torch.testing.assert_close(out, ra.reference_attention(q, k, v))
-    assert record.sends == {}
+    assert trace.order() == ["compute", "compute"]     # no post, no wait
 
 
 def test_overlap_share_counts_flight_covered_by_compute():
@@ -233,15 +239,20 @@ def test_overlap_share_counts_flight_covered_by_compute():
 def test_ring_attention_equals_one_process(world_size, kind):
     """Output and the gradients of q, k and v on every rank, float64, default tolerances; the
     sends each rank issued (a ring, not an all-gather or all-reduce) and their order."""
-    per_rank = lu.launch(ra.equality_worker, 48, kind, world_size=world_size,
+    per_rank = lu.launch(ring_trace.equality_worker, 48, kind, world_size=world_size,
                          warn_oversubscription=False)
-    for rank, (ring, ref, record) in enumerate(per_rank):
+    for rank, (ring, ref, observed) in enumerate(per_rank):
         assert set(ring) == {"out", "dq", "dk", "dv"}
         for name in ring:
             torch.testing.assert_close(ring[name], ref[name], msg=name)
-        assert record.sends == _expected_sends(48, world_size)
-        assert _steps(record.events, "forward") == _forward_order(world_size, True)
-        assert _steps(record.events, "backward") == _backward_order(world_size)
+        # counted at the dispatcher: point-to-point only, one send and one receive per hop
+        expected = _expected_sends(48, world_size)
+        for phase in ("forward", "backward"):
+            assert observed[phase]["sends"] == expected[phase]
+            hops = sum(c["calls"] for c in expected[phase].values())
+            assert observed[phase]["ops"] == {"send": hops, "recv_": hops}
+        assert observed["forward"]["order"] == _forward_order(world_size, True)
+        assert observed["backward"]["order"] == _backward_order(world_size)
 
 
 @pytest.mark.slow

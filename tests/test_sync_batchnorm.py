@@ -17,24 +17,29 @@ def _whole_batch(world_size, shape, seed=0):
     for r in range(world_size):
         g = torch.Generator().manual_seed(seed * 10 + r)
         n = 3 + 2 * r
-        shards.append(torch.randn(n, *shape, generator=g) * (1 + r) + r)
+        shards.append(torch.randn(n, *shape, generator=g, dtype=torch.float64) * (1 + r) + r)
     return shards
 
 
 def _compare(rank, world_size, shape, affine):
+    """In float64: the ranks sum their shards and then each other's sums, one process sums the
+    whole batch, so the orders differ. Reordering a sum of n <= 100 terms errs by at most
+    n * 2**-53 * sum|terms| (Higham 4.2), ~1e-14 relative here, so assert_close's float64
+    tolerances (rtol 1e-7, atol 1e-7) hold on any CPU: a difference beyond them is a bug."""
     import torch.distributed as dist
     shards = _whole_batch(world_size, shape)
     C = shape[0]
     bn_cls = {1: nn.BatchNorm1d, 2: nn.BatchNorm1d, 3: nn.BatchNorm2d}[len(shape)]
     torch.manual_seed(0)
-    ref = bn_cls(C, affine=affine)
+    ref = bn_cls(C, affine=affine).double()
     if affine:  # not the default 1 and 0, so that weight and bias matter
         with torch.no_grad():
             ref.weight.uniform_(0.5, 1.5), ref.bias.uniform_(-1, 1)
-    sync = S.SyncBatchNorm.convert(nn.Sequential(bn_cls(C, affine=affine)))[0]
+    sync = S.SyncBatchNorm.convert(nn.Sequential(bn_cls(C, affine=affine)))[0].double()
     sync.load_state_dict(ref.state_dict())
     up = torch.randn(sum(len(s) for s in shards), *shape,
-                     generator=torch.Generator().manual_seed(7))  # an upstream gradient
+                     generator=torch.Generator().manual_seed(7),
+                     dtype=torch.float64)  # an upstream gradient
     # single process, whole batch
     whole = torch.cat(shards).requires_grad_(True)
     out_ref = ref(whole)

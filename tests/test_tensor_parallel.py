@@ -81,6 +81,8 @@ def test_parallel_block_equals_single_process(block, world_size):
     assert len(res["max_abs_diff"]) == 2 + 4          # two weights and two biases checked
     formula = tp.comm_bytes_formula(2, 4, 16, world_size)
     assert (res["forward_calls"], res["backward_calls"]) == (1, 1)
+    # counted at the dispatcher: g's all-reduce forward, f's backward, nothing else
+    assert res["forward_ops"] == res["backward_ops"] == {"allreduce_": 1}
     assert res["forward_bytes"] == formula["forward"]
     assert res["backward_bytes"] == formula["backward"]
     first = "fc1.weight" if block == "mlp" else "qkv.weight"

@@ -1,12 +1,16 @@
 """torchrun: the 04b training script with a killed worker restarts and finishes from the last
 checkpoint with exactly the weights of an undisturbed run; the README's multi-node command,
-run as two nodes on this machine, trains exactly as ``lu.launch`` does."""
+run as two nodes on this machine, trains exactly as ``lu.launch`` does. No port is picked
+before it is bound: ``--standalone`` binds port 0 in torchrun's own store, and the two nodes'
+rendezvous store listens here, on 127.0.0.1 port 0."""
 import os
+import socket
 import subprocess
 import sys
 
 import pytest
 import torch
+from torch.distributed import TCPStore
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -55,11 +59,13 @@ def _readme_multinode_command():
     return " ".join(line.strip().rstrip("\\").strip() for line in block.group(1).splitlines())
 
 
-def _free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _loopback_store():
+    """A TCPStore server listening on 127.0.0.1 only, on a port the OS picked as it bound."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(128)
+        return TCPStore("127.0.0.1", sock.getsockname()[1], is_master=True,
+                        wait_for_workers=False, master_listen_fd=sock.detach())
 
 
 @pytest.mark.lab04b
@@ -71,7 +77,13 @@ def test_two_nodes_with_c10d_rendezvous_match_launch(tmp_path):
     from labutils import train
     words = shlex.split(_readme_multinode_command())
     assert words[0] == "torchrun" and "--node-rank=0" in words and "HOST:29400" in " ".join(words)
-    port = _free_port()
+    # The rendezvous store is hosted here, on a socket bound to 127.0.0.1 port 0 and handed to
+    # the store already listening: a port picked first and bound later by an agent could be
+    # taken in between, and a TCPStore that binds by itself listens on every interface (::).
+    # Both agents find 127.0.0.1:port taken and join it as clients (torch's c10d backend tries
+    # to host an endpoint of this machine, then falls back to joining it).
+    store = _loopback_store()
+    port = store.port
     procs = []
     for node in (0, 1):
         cmd = [sys.executable, "-m", "torch.distributed.run"]

@@ -2,11 +2,13 @@
 partition a batch exactly; 2-rank DDP (train_worker) ends with the same weights and losses as one
 process on the whole batch, for every workload, also when the batch does not split evenly; the
 shard_batch checker accepts the reference and names what is wrong in typical mistakes."""
+import dataclasses
+
 import pytest
 import torch
 
 import labutils as lu
-from labutils import train
+from labutils import train, workloads
 
 from .checkers import assert_check, checker_cases
 
@@ -59,12 +61,30 @@ def test_bad_arguments_are_refused_in_the_caller():
         train.validate_train_args("digits", steps=0)
 
 
+def _float64(name):
+    """Workload ``name`` with its model and data in float64 (targets and token ids unchanged)."""
+    wl = workloads.get(name)
+
+    def to64(t):
+        return t.double() if t.is_floating_point() else t
+    return dataclasses.replace(wl, build_model=lambda: wl.build_model().double(),
+                               train_set=tuple(map(to64, wl.train_set)),
+                               test_set=tuple(map(to64, wl.test_set)))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name,batch_size", [("digits", 63), ("text", 16), ("video", 32)])
 def test_two_rank_ddp_equals_one_process_on_the_whole_batch(name, batch_size):
+    """In float64. Each rank sums its shard's gradients, DDP sums the two ranks, one process sums
+    the whole batch: the orders differ, and in float32 so do the last bits, by the CPU's math
+    library. Reordering a sum of n <= 64 terms errs by at most n * 2**-53 * sum|terms| (Higham
+    4.2), ~1e-14 relative; four SGD steps (momentum 0.9) carry that forward about linearly, far
+    below assert_close's float64 tolerances (rtol 1e-7, atol 1e-7). A wrong loss weight on the
+    uneven shards (32 and 31 of 63) is off by ~1/63 relative."""
     kwargs = dict(steps=4, batch_size=batch_size, seed=3)
-    reference = train.train(name, **kwargs)
-    results = lu.launch(train.train_worker, name, world_size=2, **kwargs)
+    wl = _float64(name)
+    reference = train.train(wl, **kwargs)
+    results = lu.launch(train.train_worker, wl, world_size=2, **kwargs)
     for result in results:
         torch.testing.assert_close(result.losses, reference.losses)
         assert result.state_dict.keys() == reference.state_dict.keys()

@@ -40,8 +40,7 @@ def test_ring_moves_more_than_ulysses_beyond_two_ranks():
 def test_ulysses_equals_one_process_and_counts_its_all_to_alls(n):
     res = ue.run_ulysses_check(n)   # asserts every output and gradient
     for phase in ("forward", "backward"):
-        assert res["calls"][phase] == 4
-        assert res["dispatched"][phase] == {"c10d.alltoall_base_": 4}
+        assert res["calls"][phase] == {"alltoall_base_": 4}   # q, k, v in; the output back
         assert res["bytes"][phase] == lu.long_context.ulysses_bytes(48, 2, 48, n, 8, phase)
         assert res["bytes"][phase] == 4 * (n - 1) * (48 // n) * 2 * 48 * 8 // n
 
@@ -50,7 +49,7 @@ def _both_all_to_alls(rank, world_size):
     torch.manual_seed(rank)
     x = torch.randn(2, 6, 12, 3, dtype=torch.float64, requires_grad=True)
     dy = torch.randn(2, 6 * world_size, 12 // world_size, 3, dtype=torch.float64)
-    ours = ulysses.SeqToHeads.apply(x, rank, world_size)
+    ours = ulysses.SeqToHeads.apply(x, world_size)
     (ours * dy).sum().backward()
     ours_grad, x.grad = x.grad, None
     # PyTorch's: the same block order (row j to rank j), then the same reshape

@@ -304,12 +304,6 @@ def _train_steps():
     return lu.launch(lu.train.train_worker, "digits", steps=5, world_size=2)[0].losses
 
 
-def _sync_sgd():
-    from labutils import async_sgd as A
-    X, y = torch.randn(64, 8), torch.randint(0, 3, (64,))
-    return A.run_sync(X, y, A.SGDConfig(steps=5, batch_size=8, hidden=8, eval_every=5), 2)
-
-
 def _checkpointed_training():
     return lu.launch(lu.resumable_training.train_script, steps=4, batch_size=16, world_size=2)[0]
 
@@ -332,11 +326,11 @@ def _zero():
 
 
 def _all_reduce_sweep():
-    return lu.collectives.measure_all_reduce([1024], world_size=2, impls=("gloo",), repeats=3)
+    return lu.collective_runs.measure_all_reduce([1024], world_size=2, impls=("gloo",), repeats=3)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("experiment", [_measure_in_caller, _train_steps, _sync_sgd,
+@pytest.mark.parametrize("experiment", [_measure_in_caller, _train_steps,
                                         _checkpointed_training, _ddp_versions, _emulated_links,
                                         _pipeline, _zero, _all_reduce_sweep],
                          ids=lambda f: f.__name__.strip("_"))

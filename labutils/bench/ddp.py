@@ -1,7 +1,7 @@
 """Benchmark ``ddp``: all-reduce bus bandwidth (gloo and shared memory) and DDP step times."""
 from labutils.bench.suite import Row
 from labutils.core.launcher import launch
-from labutils.core.timing import Stats
+from labutils.core.timing import Stats, compare
 from labutils.cost.costmodel import bus_bandwidth
 from labutils.experiments.allreduce_fit import allreduce_fit
 from labutils.experiments.ddp_performance import (
@@ -13,7 +13,7 @@ from labutils.experiments.ddp_performance import (
 
 def run(quick=False):
     """Headline figures of 04c: bandwidths, 1 vs 2 rank throughput, cost-model error."""
-    reps = 1 if quick else 5
+    reps = 1 if quick else 7
     rows = []
     copy = memcpy_bandwidth(repeats=reps)
     rows.append(Row("ddp", "memory copy bandwidth, 64 MiB",
@@ -31,8 +31,9 @@ def run(quick=False):
             rows.append(Row("ddp", f"{impl} all-reduce bus bandwidth, {label}, 2 ranks", bw,
                             "GB/s", limit))
         for impl in ("shm", "shm zero-copy"):
-            rows.append(Row("ddp", f"{impl} / gloo speed, {label}", ar[n]["gloo"] / ar[n][impl],
-                            "ratio", "target >= 4 at 64 MiB" if n == 64 << 20 else ""))
+            rows.append(Row("ddp", f"{impl} / gloo speed, {label}",
+                            compare(ar[n]["gloo"], ar[n][impl]), "ratio",
+                            "target >= 4 at 64 MiB" if n == 64 << 20 else ""))
     # throughput: one process with both cores vs 2 ranks (gloo, shm), same global batch
     runs = {"1 process, 2 threads": lambda: launch(ddp_step_worker, batch_per_rank=256, width=2,
                                                    world_size=1, threads_per_rank=2)[0],
@@ -46,15 +47,15 @@ def run(quick=False):
     for _ in range(reps):
         for k, fn in runs.items():
             med[k].append(fn().median)
-    step = {k: Stats.of(v) for k, v in med.items()}
+    step = {k: v for k, v in med.items()}   # per round: the launches ran interleaved, paired
     for k in ("2 ranks, gloo", "2 ranks, shm", "2 ranks, no communication"):
         rows.append(Row("ddp", f"speedup of {k} over 1 process using both cores",
-                        step["1 process, 2 threads"] / step[k], "ratio",
+                        compare(step["1 process, 2 threads"], step[k], paired=True), "ratio",
                         "the ceiling for any all-reduce" if "no comm" in k else
                         "efficiency = speedup / 2"))
     for k in ("2 ranks, gloo", "2 ranks, shm"):
         rows.append(Row("ddp", f"{k}: step time of the no-communication ceiling / this",
-                        step["2 ranks, no communication"] / step[k], "ratio",
+                        compare(step["2 ranks, no communication"], step[k], paired=True), "ratio",
                         "limit 1.0: communication costs nothing" + (
                             "; target >= 0.95" if k == "2 ranks, shm" else "")))
     # cost model: the held-out fit of `bench costmodel`, on 1-16 MiB

@@ -120,8 +120,8 @@ def summarise(result, cfg, peak):
     predicted = transformer.iteration_flops(cfg.batch_size, recompute=False) / (peak * efficiency)
     rows.append(Row("gpucheck", "planner's predicted step time", predicted, "s",
                     f"efficiency {efficiency:.3f} (A100 default, fitted to Megatron-LM 145.6 B)"))
-    rows.append(Row("gpucheck", "measured / predicted step", step / Stats.of([predicted]),
-                    "ratio"))
+    rows.append(Row("gpucheck", "measured / predicted step",
+                    Stats.of([t / predicted for t in step.values]), "ratio"))
     return rows
 
 

@@ -2,8 +2,9 @@
 
 Each benchmark is a module ``labutils/bench/<name>.py`` with ``run(quick) -> list[Row]``, named
 by a lab in the course map (``labutils.course``); a
-row is one headline figure, measured as a ratio side by side in the same run (median, min, max
-of interleaved repeats), because a 2-core shared machine is too noisy for absolute times.
+row is one headline figure, measured as a ratio side by side in the same run (the median of the
+per-round ratios of interleaved repeats with its 95% interval, ``lu.timing.compare``; or median,
+min, max of repeats), because a 2-core shared machine is too noisy for absolute times.
 Speed targets live here, never in timed tests.
 """
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from labutils import course
 from labutils.core import tables
 from labutils.core.env import machine
-from labutils.core.timing import Stats
+from labutils.core.timing import Comparison, Stats
 
 # The benchmark list is the course map's: each lab names its benchmarks, each a module here.
 BENCHMARKS = course.benchmarks()
@@ -33,7 +34,7 @@ def benchmark(name):
 class Row:
     benchmark: str
     figure: str
-    value: Stats | float | str
+    value: Stats | Comparison | float | str
     unit: str = ""
     note: str = ""
 
@@ -41,6 +42,8 @@ class Row:
         v = self.value
         if isinstance(v, Stats):
             value = f"{v.median:.4g} (min {v.min:.4g}, max {v.max:.4g})"
+        elif isinstance(v, Comparison):
+            value = f"{v.ratio:.4g} (95% CI {v.lo:.4g}-{v.hi:.4g}, n={v.n[0]})"
         elif isinstance(v, float):
             value = f"{v:.4g}"
         else:
@@ -49,15 +52,19 @@ class Row:
 
     def as_dict(self):
         v = self.value
-        value = ({"median": v.median, "min": v.min, "max": v.max, "n": v.n}
-                 if isinstance(v, Stats) else v)
+        if isinstance(v, Stats):
+            value = {"median": v.median, "min": v.min, "max": v.max, "n": v.n}
+        elif isinstance(v, Comparison):
+            value = {"ratio": v.ratio, "ci95": [v.lo, v.hi], "paired": v.paired, "n": list(v.n)}
+        else:
+            value = v
         return {"benchmark": self.benchmark, "figure": self.figure, "value": value,
                 "unit": self.unit, "note": self.note}
 
 
 def markdown_table(rows):
     return tables.markdown_table([r.cells() for r in rows], ["benchmark", "figure",
-                                 "value (median, min, max)", "unit", "note"])
+                                 "value (median, min, max; or ratio, 95% CI)", "unit", "note"])
 
 
 # ---- the machine, the suite, the files ---------------------------------------------------
@@ -101,8 +108,8 @@ def write_results(rows, seconds, out_dir, quick=False):
                    "rows": [r.as_dict() for r in rows]}, f, indent=1, default=str)
     with open(os.path.join(out_dir, "README-snippet.md"), "w") as f:
         f.write(f"### Latest benchmark\n\n`make bench` on {date}: {desc}. Each figure is a "
-                f"ratio measured side by side in one run (median, min, max of interleaved "
-                f"repeats).\n\n{table}\n")
+                f"ratio measured side by side in one run (the per-round ratio with its 95% "
+                f"CI, or median, min, max of interleaved repeats).\n\n{table}\n")
     return out_dir
 
 

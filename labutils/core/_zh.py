@@ -355,11 +355,26 @@ MESSAGES = {
         "lu.check_merge_attention_blocks(my_merge)",
     "[ok] {name}: {total} cases passed, equal to attention over both blocks' keys at once":
         "[通过] {name}：{total} 个用例全部通过，与一次对两个块的全部键计算的注意力相等",
+    # exercises.lab03a: the ring checker's typical mistakes
+    "[wrong] ring_all_reduce: every result is right, but {meaning}":
+        "[错误] ring_all_reduce：每个结果都正确，但{meaning}",
+    "the answer calls the collective(s) {ops}: build the all-reduce from point-to-point "
+    "messages only (dist.send/isend and dist.recv/irecv)":
+        "答案调用了集合通信 {ops}：全归约只能用点对点消息（dist.send/isend 和 dist.recv/irecv）搭建",
+    "every message goes to or from rank {root}: that is a reduce onto a root and a broadcast, "
+    "whose root carries (p - 1) whole tensors each way; in a ring each rank sends only to its "
+    "right neighbour":
+        "每条消息都发往或来自 rank {root}：这是先归约到根再广播，根的链路每个方向都要承载 "
+        "(p - 1) 个完整张量；在环中每个 rank 只向右邻居发送",
+    "a blocking dist.send waits until its receiver posts the matching recv: when every rank "
+    "sends first and receives after, they all wait forever; post the send with dist.isend, "
+    "then recv, then wait on the send":
+        "阻塞的 dist.send 要等到接收方发出对应的 recv 才返回：如果每个 rank 都先发送后接收，"
+        "它们会永远互相等待；请用 dist.isend 发出发送，然后 recv，最后等待该发送完成",
     # ring_timing.slowest_words
-    "rank {slow} was the slowest ({slow_time}); it was {verdict} rank {fast} ({fast_time}); "
-    "per round, rank {slow} took {lo:.2f}x to {hi:.2f}x rank {fast}'s time":
-        "rank {slow} 最慢（{slow_time}）；它{verdict} rank {fast}（{fast_time}）；"
-        "逐回合看，rank {slow} 的用时是 rank {fast} 的 {lo:.2f} 倍到 {hi:.2f} 倍",
+    "rank {slow} was the slowest ({slow_time}); it was {verdict} rank {fast} ({fast_time}): "
+    "{comparison}":
+        "rank {slow} 最慢（{slow_time}）；它{verdict} rank {fast}（{fast_time}）：{comparison}",
 
     # parallel.ulysses.validate_ulysses_config
     "world_size must be >= 1; got {world_size}": "world_size 必须 >= 1；实际为 {world_size}",

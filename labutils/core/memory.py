@@ -24,7 +24,14 @@ leaf modules backward (``backward_walk``) and reports each term as it stands at 
 forward + backward: weights, optimizer state, the gradients made so far, the activations not
 yet freed, and the op's two activation gradients (the one it receives, the one it makes).
 
-``measure_peak(fn)`` measures the real thing: CPU tensors have no
+``live_peak(fn)`` (``LiveBytes``) measures the real thing by watching every op: each storage an
+op makes is remembered (weakly, so remembering it keeps nothing alive), and after every op the
+bytes of those still alive are added up; the peak is the largest sum. It counts what tensors
+hold, not an op's internal scratch, so the figure is the same on every CPU and thread count,
+and a storage counts until it dies, on whichever thread drops it last (gloo's, for a
+collective's buffers): nothing is missed. 06c measures ZeRO with it.
+
+``measure_peak(fn)`` (03e, 05, 06a) measures it from the allocator: CPU tensors have no
 ``torch.cuda.max_memory_allocated``, but the CPU allocator reports every allocation and free to
 the profiler when ``profile_memory=True``. Replaying those events in order gives live tensor
 bytes over time, and their maximum is the peak. It counts every tensor byte (including an op's
@@ -39,14 +46,18 @@ API (bytes everywhere)::
     # {'parameters': P, 'weights': ..., 'gradients': ..., 'optimizer': ..., 'activations': ...,
     #  'temporary': ..., 'total': ...}
     _, peak = lu.memory.measure_peak(lu.memory.train_steps, make_model, x, y, "adam")
+    _, peak = lu.memory.live_peak(lu.memory.train_steps, make_model, x, y, "adam")
 """
 from __future__ import annotations
 
 import itertools
 import os
+import weakref
 
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
+from torch.utils._pytree import tree_leaves
 
 # fp32 state tensors per parameter that each optimiser keeps (ZeRO paper's K / 4).
 OPTIMIZER_STATES = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}
@@ -219,6 +230,44 @@ def measure_peak(fn, *args, **kwargs):
     events.sort(key=lambda e: e.start_ns())
     live = itertools.accumulate(e.nbytes() for e in events)
     return result, max(0, max(live, default=0))
+
+
+class LiveBytes(TorchDispatchMode):
+    """Inside the block: ``now``, the bytes of tensor storage made in the block and still alive;
+    ``peak``, the largest ``now`` after any op. Storages made before the block are not counted."""
+
+    def __init__(self):
+        super().__init__()
+        self.peak = 0
+        self._made = weakref.WeakValueDictionary()  # id -> storage, dropped when it dies
+
+    @property
+    def now(self):
+        # current sizes, not the sizes at birth: FSDP2 frees and refills a gathered weight's
+        # storage with storage.resize_, which is no op a dispatch mode sees
+        return sum(st.nbytes() for st in list(self._made.values()))
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if any(is_traceable_wrapper_subclass_type(t) for t in types):
+            return NotImplemented  # a DTensor: see the ops on its local tensors instead
+        out = func(*args, **(kwargs or {}))
+        inputs = {id(t.untyped_storage()) for t in tree_leaves((args, kwargs))
+                  if isinstance(t, torch.Tensor)}
+        made = [st for st in (t.untyped_storage() for t in tree_leaves(out)
+                              if isinstance(t, torch.Tensor) and t.device.type != "meta")
+                if id(st) not in inputs]  # a view or an in-place result is no new storage
+        if made:  # memory only grows where an op makes a storage: look there
+            self._made.update((id(st), st) for st in made)
+            self.peak = max(self.peak, self.now)
+        return out
+
+
+def live_peak(fn, *args, **kwargs):
+    """Run ``fn(*args, **kwargs)`` under ``LiveBytes``; return ``(result, peak_bytes)``: the most
+    bytes of storage made inside the call alive at once, after any op (see the module notes)."""
+    with LiveBytes() as live:
+        result = fn(*args, **kwargs)
+    return result, live.peak
 
 
 def train_steps(make_model, x, y, optimizer="adam", steps=2, lr=1e-3):

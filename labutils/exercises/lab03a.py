@@ -1,7 +1,13 @@
-"""Exercise checkers of lab 03a: ring all-reduce from send/recv. Registered in ``labutils.course``; notebooks call
-them as ``lu.check_<name>``."""
+"""Exercise checkers of lab 03a: ring all-reduce from send/recv. Registered in
+``labutils.course``; notebooks call them as ``lu.check_<name>``.
+
+Results alone do not make a ring: ``dist.all_reduce`` or a root-based answer sums correctly
+too. So the checker also traces the messages at the dispatcher (``count_collectives``), and
+runs one tensor large enough that gloo's blocking send waits for its receiver: a ring of
+blocking sends then deadlocks, however small tensors behave."""
 import torch
 
+from labutils.core.commcount import count_collectives
 from labutils.core.i18n import tr
 from labutils.core.launcher import launch
 from labutils.exercises.base import make_cases, run_check
@@ -66,16 +72,66 @@ def _diagnose(learner_fn, case, timeout):
     return None
 
 
+def _traced_harness(rank, world_size, learner_fn, seed, n, dtype):
+    with count_collectives() as counted:
+        _run_learner(learner_fn, _rank_tensor(seed, rank, n, dtype))
+    return [(c.op, c.peer) for c in counted.calls]
+
+
+_DIST_NAMES = {"allreduce_": "dist.all_reduce", "broadcast_": "dist.broadcast",
+               "allgather_": "dist.all_gather", "reduce_": "dist.reduce",
+               "reduce_scatter_": "dist.reduce_scatter"}
+
+
+def _not_a_ring(learner_fn, timeout, world_size=4, n=24):
+    """What the answer's messages show that results cannot: a collective called, or every
+    message going to or from one root. None when neither (the ring; recursive doubling)."""
+    try:
+        calls = launch(_traced_harness, learner_fn, 0, n, "float32", world_size=world_size,
+                       timeout=timeout, threads_per_rank=1, warn_oversubscription=False)
+    except Exception:  # noqa: BLE001 (it ran correctly just before: judged on its results)
+        return None
+    collectives = sorted({_DIST_NAMES.get(op, op.strip("_"))
+                          for rank_calls in calls for op, _ in rank_calls
+                          if op not in ("send", "recv_", "recv_any_source_", "barrier")})
+    if collectives:
+        return tr("the answer calls the collective(s) {ops}: build the all-reduce from "
+                  "point-to-point messages only (dist.send/isend and dist.recv/irecv)",
+                  ops=", ".join(collectives))
+    links = {(src, dst) for src, rank_calls in enumerate(calls) for op, dst in rank_calls
+             if op == "send"}
+    for root in range(world_size):
+        if links and all(root in link for link in links):
+            return tr("every message goes to or from rank {root}: that is a reduce onto a root "
+                      "and a broadcast, whose root carries (p - 1) whole tensors each way; in a "
+                      "ring each rank sends only to its right neighbour", root=root)
+    return None
+
+
 def check_ring_all_reduce(learner_fn, *, timeout=20.0):
     """Check ``learner_fn(tensor)``: afterwards every rank's ``tensor`` is the sum over ranks,
-    for world sizes 2, 3 and 4 and lengths shorter than, equal to and not divisible by them.
-    A wrong answer's message also names the mistake when it is a typical one."""
+    for world sizes 2, 3 and 4 and lengths shorter than, equal to and not divisible by them, and
+    one of 2^20 elements; then its messages are traced on 4 ranks (no collective, no root). A
+    wrong answer's message also names the mistake when it is a typical one."""
     cases = make_cases(world_sizes=(2, 3, 4), per_world_size=2, seed=3, n=[1, 5, 7, 10, 13],
                        dtype=["float32", "float64", "int64"])
+    # 2 MiB messages: more than any socket buffer holds, so a send blocks until received
+    cases.append({"world_size": 2, "n": 1 << 20, "dtype": "float32", "seed": 1})
     result = run_check("ring_all_reduce", learner_fn, _ring_all_reduce_harness, cases,
                        timeout=timeout)
-    if result.passed or result.case is None:   # passed, or a stub: nothing to diagnose
+    if result.passed:
+        meaning = _not_a_ring(learner_fn, timeout)
+        if meaning is None:
+            return result
+        return type(result)(False, tr("[wrong] ring_all_reduce: every result is right, but "
+                                      "{meaning}", meaning=meaning), None)
+    if result.case is None:   # a stub: nothing to diagnose
         return result
+    if tr("waiting in dist.{fn}", fn="send") in result.message:
+        return type(result)(False, result.message + "; " + tr(
+            "a blocking dist.send waits until its receiver posts the matching recv: when every "
+            "rank sends first and receives after, they all wait forever; post the send with "
+            "dist.isend, then recv, then wait on the send"), result.case)
     meaning = _diagnose(learner_fn, result.case, timeout)
     if meaning is None:
         return result

@@ -14,6 +14,7 @@ though PyTorch closes a bucket once it has reached the cap rather than before: 0
 from __future__ import annotations
 
 import time
+import uuid
 
 import torch
 import torch.distributed as dist
@@ -113,7 +114,8 @@ def time_sync_worker(rank, world_size, shapes, bucket_sizes, repeats=7, warmup=2
 
 def measure_gradient_sync(model, world_size=2, bucket_sizes=(16 * 1024, 256 * 1024),
                           repeats=7):
-    """Per-variant ``(Stats, all-reduce calls, bytes)`` for syncing ``model``'s gradients."""
+    """Per-variant ``(Stats, all-reduce calls, bytes)`` for syncing ``model``'s gradients; the
+    Stats of one call are paired (one ``rounds``): ``lu.timing.compare`` takes per-round ratios."""
     if world_size < 2:
         raise ValueError(f"gradient sync needs world_size >= 2; got {world_size}")
     if any(int(b) < 1 for b in bucket_sizes):
@@ -121,4 +123,5 @@ def measure_gradient_sync(model, world_size=2, bucket_sizes=(16 * 1024, 256 * 10
     shapes = [tuple(p.shape) for p in model.parameters()]
     res = launch(time_sync_worker, shapes, [int(b) for b in bucket_sizes], repeats,
                  world_size=world_size, timeout=300, warn_oversubscription=False)[0]
-    return {k: (Stats.of(v[0]), v[1], v[2]) for k, v in res.items()}
+    rounds = uuid.uuid4().hex
+    return {k: (Stats.of(v[0], rounds), v[1], v[2]) for k, v in res.items()}

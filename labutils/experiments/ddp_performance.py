@@ -5,24 +5,22 @@
 * ``allreduce_worker``: gloo vs the shared-memory all-reduce, interleaved, per message size;
 * ``ddp_step_worker``: seconds per DDP training step of the digits CNN (strong or weak scaling,
   plain gloo or the shared-memory comm hook);
-* ``timeline_worker``: forward, backward and each bucket's all-reduce as spans, drawn by
-  ``lu.timeline_plot.plot_overlap`` on two lanes per rank (compute above, communication below)
-  so overlap is visible;
-  ``lu.timeline.to_chrome_trace`` writes the same spans for Perfetto.
+* ``time_versions``: one step of every DDP version of 04a, in paired rounds.
+
+Per-rank timelines and exposed communication are in ``experiments/comm_spans.py``.
 """
 from __future__ import annotations
 
 import contextlib
 import time
+import uuid
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from labutils.core.commcount import count_collectives
-from labutils.core.launcher import launch
 from labutils.core.rank import progress
-from labutils.core.timeline import Timeline
 from labutils.core.timing import Stats, slowest_rank
 from labutils.data import models, workloads
 from labutils.experiments.ddp_equivalence import MixedNet
@@ -42,9 +40,11 @@ def memcpy_bandwidth(nbytes=64 << 20, repeats=5):
     return Stats.of([nbytes / t for t in times])
 
 
-def allreduce_worker(rank, world_size, sizes=(1 << 10, 1 << 20, 64 << 20), repeats=5):
+def allreduce_worker(rank, world_size, sizes=(1 << 10, 1 << 20, 64 << 20), repeats=7):
     """``{nbytes: {"gloo": Stats, "shm": Stats, "shm zero-copy": Stats, "equal to gloo": bool}}``,
-    times in seconds, interleaved per size; the last entry checks both shared-memory results. "shm" copies the tensor into the shared segment and back out;
+    times in seconds of the slowest rank, interleaved per size (the Stats of one size are
+    paired: ``lu.timing.compare`` takes per-round ratios); the last entry checks both
+    shared-memory results. "shm" copies the tensor into the shared segment and back out;
     "shm zero-copy" reduces a tensor that already lives there (``ShmAllReduce.buffer``)."""
     out = {}
     with make_all_reduce(buffer_bytes=max(sizes)) as shm:
@@ -66,7 +66,8 @@ def allreduce_worker(rank, world_size, sizes=(1 << 10, 1 << 20, 64 << 20), repea
                         times[name].append(time.perf_counter() - t0)
             # a collective ends when its slowest rank ends: take the max over ranks
             t = slowest_rank([times[k] for k in runs])
-            out[nbytes] = {k: Stats.of(row) for k, row in zip(runs, t)}
+            rounds = uuid.uuid4().hex   # paired: lu.timing.compare(a, b) takes per-round ratios
+            out[nbytes] = {k: Stats.of(row, rounds) for k, row in zip(runs, t)}
             out[nbytes]["equal to gloo"] = _same_sums(shm, nbytes // 4, rank)
     return out
 
@@ -121,75 +122,17 @@ def ddp_step_worker(rank, world_size, batch_per_rank=64, steps=6, hook=None, wid
     return Stats.of(times)
 
 
-def timeline_worker(rank, world_size, steps=3, bucket_cap_mb=0.1, width=4, batch_per_rank=64):
-    """Spans of ``steps`` training steps with ``lu.ddp.BucketedDDP``: ``forward``; ``backward``,
-    autograd's computation only; ``wait``, from there until every bucket is reduced and copied;
-    and one ``allreduce`` span per bucket (launch to completion, recorded on gloo's thread).
-    Every span of step k has ``meta["step"] == k``."""
-    tl = Timeline(rank)
-    wl = workloads.get("digits")
-    torch.manual_seed(0)
-    model = BucketedDDP(models.DigitsCNN(channels=16 * width, hidden=64 * width),
-                        bucket_cap_mb=bucket_cap_mb, timeline=tl)
-    X, y = wl.train_set
-    xb, yb = X[:batch_per_rank], y[:batch_per_rank]
-    for step in range(steps + 1):
-        progress(step, steps, "steps")  # rank 0 drives a panel's bar
-        if step == 1:
-            tl.spans.clear()  # the first step warms up
-        dist.barrier()
-        first = len(tl.spans)
-        with tl.span("forward", label=f"{step}"):
-            loss = wl.loss_fn(model(xb), yb)
-        start = time.perf_counter()
-        loss.backward()   # returns after BucketedDDP.wait, which autograd runs at its end
-        wait = next(s for s in reversed(tl.spans) if s.name == "wait")
-        tl.add("backward", start, wait.start, label=f"{step}")
-        for s in tl.spans[first:]:
-            s.meta["step"] = step     # every span of this step, the all-reduces included
-    return list(tl.spans)
-
-
-def overlap_by_step(spans):
-    """Per (rank, step): the share of all-reduce time that ran during backward's computation,
-    and the exposed communication (the ``wait`` after it), in seconds."""
-    out = {}
-    keys = {(s.rank, s.meta["step"]) for s in spans if s.name == "backward"}
-    for rank, step in sorted(keys):
-        mine = [s for s in spans if s.rank == rank and s.meta.get("step") == step]
-        back = next(s for s in mine if s.name == "backward")
-        comm = [s for s in mine if s.name == "allreduce"]
-        total = sum(s.duration for s in comm)
-        hidden = sum(max(0.0, min(s.end, back.end) - max(s.start, back.start)) for s in comm)
-        exposed = sum(s.duration for s in mine if s.name == "wait")
-        out[(rank, step)] = (hidden / total if total else 0.0, exposed)
-    return out
-
-
-def overlap_sweep(bucket_caps, steps=5, world_size=2, width=4, batch_per_rank=64):
-    """For each bucket cap (MiB): (Stats of the hidden share, Stats of the exposed seconds, the
-    number of buckets), over every rank and step."""
-    out = {}
-    for cap in bucket_caps:
-        spans = [s for r in launch(timeline_worker, steps=steps, bucket_cap_mb=cap, width=width,
-                                   batch_per_rank=batch_per_rank, world_size=world_size)
-                 for s in r]
-        per = overlap_by_step(spans)
-        n = sum(1 for s in spans if s.name == "allreduce") // (steps * world_size)
-        out[cap] = (Stats.of([h for h, _ in per.values()]), Stats.of([e for _, e in per.values()]),
-                    n)
-    return out
-
-
 # ---- every DDP version timed side by side (04a) ---------------------------------------------
 
 
-def time_versions(rank, world_size, hidden=256, batch_size=128, repeats=5, bucket_cap_mb=0.5,
+def time_versions(rank, world_size, hidden=256, batch_size=128, repeats=7, bucket_cap_mb=0.5,
                   versions=("naive", "hooks", "bucketed", "torch")):
-    """Time one training step of every version, interleaved (A B C D A B C D ...), on MixedNet
-    of width ``hidden``. Returns ``{version: (Stats of seconds per step, all-reduces per step)}``;
-    the all-reduces are counted (``core.commcount``) in one untimed step after the warm-up one
-    (PyTorch's DDP rebuilds its buckets after its first step)."""
+    """Time one training step of every version in paired rounds (A B C D, B C D A, ...) on
+    MixedNet of width ``hidden``; a step's time is its slowest rank's. Returns ``{version:
+    (Stats of seconds per step, all-reduces per step)}``, the Stats of one call paired (the
+    same ``rounds``: ``lu.timing.compare`` pairs them). The all-reduces are counted
+    (``core.commcount``) in one untimed step after the warm-up one (PyTorch's DDP rebuilds
+    its buckets after its first step)."""
     torch.manual_seed(0)
     X = torch.randn(batch_size // world_size, 16)
     y = torch.randn(batch_size // world_size, 4)
@@ -221,9 +164,13 @@ def time_versions(rank, world_size, hidden=256, batch_size=128, repeats=5, bucke
         calls[v] = counted.all_reduces
     for i in range(repeats):
         progress(i + 1, repeats, "repeats")  # rank 0 drives a panel's bar
-        for v, (wrapped, finish) in steps.items():
+        for k in range(len(versions)):
+            v = versions[(i + k) % len(versions)]   # rotate: no version always runs first
+            wrapped, finish = steps[v]
             dist.barrier()
             t0 = time.perf_counter()
             step(wrapped, finish)
             times[v].append(time.perf_counter() - t0)
-    return {v: (Stats.of(times[v]), calls[v]) for v in versions}
+    slowest = slowest_rank([times[v] for v in versions])   # a step ends with its slowest rank
+    rounds = uuid.uuid4().hex
+    return {v: (Stats.of(t, rounds), calls[v]) for v, t in zip(versions, slowest)}

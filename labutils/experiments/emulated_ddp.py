@@ -17,6 +17,7 @@ compute-only ceiling every speedup is measured against.
 from __future__ import annotations
 
 import time
+import uuid
 
 import torch
 import torch.distributed as dist
@@ -110,7 +111,8 @@ def run(links=("1GbE", "10GbE"), world_size=2, steps=4, width=512, depth=4, batc
                     world_size=world_size, timeout=timeout)
     assert_same_gradients(out, variants)
     # a step of the job ends when its slowest rank does: per step, the max over ranks
-    stats = {key: Stats.of(slowest([res["times"][key] for res in out]))
+    rounds = uuid.uuid4().hex   # every variant ran in each step: lu.timing.compare pairs them
+    stats = {key: Stats.of(slowest([res["times"][key] for res in out]), rounds)
              for key in out[0]["times"]}
     compute = stats[(None, NO_COMM)]
     res0 = out[0]

@@ -17,11 +17,12 @@ import torch.distributed as dist
 
 from labutils.core.launcher import launch
 from labutils.core.rank import progress
-from labutils.core.timeline import bubble_fraction, flatten
+from labutils.core.timeline import Timeline, bubble_fraction, flatten
 from labutils.core.timing import Stats
 from labutils.cost.step_time import bubble_fraction as predicted_bubble  # (p-1)/(m+p-1)
+from labutils.experiments.stage_observers import stage_spans
 from labutils.parallel.microbatch import microbatched_forward, validate_microbatches
-from labutils.parallel.model_parallel import split_model
+from labutils.parallel.model_parallel import boundary_shapes, split_model
 
 
 def _ping_pong(rank, shape, rounds):
@@ -41,14 +42,27 @@ def _ping_pong(rank, shape, rounds):
     return hops
 
 
+def timed_forward(rank, world_size, stages, x, n_microbatches, blocking=False):
+    """``microbatched_forward`` of ``x`` cut into ``n_microbatches``, with a "forward" span per
+    micro-batch on this rank's stage (labelled by index); the ranks start together. Returns
+    (output or None, spans)."""
+    validate_microbatches(x.shape[0], n_microbatches)
+    x_mbs = x.chunk(n_microbatches)
+    in_shape = boundary_shapes(stages, x_mbs[0])[rank]     # before the clocks start
+    tl = Timeline(rank)
+    dist.barrier()                                  # start the clocks together
+    with stage_spans(stages[rank], tl, labels=range(n_microbatches)):
+        out = microbatched_forward(rank, world_size, stages[rank], x_mbs, in_shape, blocking)
+    return out, tl.spans
+
+
 def _worker(rank, world_size, model_fn, x, variants, repeats, rounds):
     stages = split_model(model_fn(), world_size)
     spans = {v: [] for v in variants}
     outputs = {}
     for i in range(repeats):
         for m, blocking in variants:
-            outputs[(m, blocking)], s = microbatched_forward(rank, world_size, stages, x, m,
-                                                             blocking=blocking)
+            outputs[(m, blocking)], s = timed_forward(rank, world_size, stages, x, m, blocking)
             spans[(m, blocking)].append(s)
         progress(i + 1, repeats, "repeats")
     if not rounds or world_size < 2:                # no hop to time

@@ -21,17 +21,16 @@ import torch.distributed as dist
 from labutils.core.i18n import tr
 from labutils.core.launcher import launch
 from labutils.core.rank import progress
-from labutils.core.timeline import Timeline, bubble_fraction, flatten
+from labutils.core.timeline import bubble_fraction, flatten
 from labutils.core.timing import Stats
 from labutils.cost.step_time import bubble_fraction as predicted_bubble
 from labutils.cost.step_time import pipeline_step
-from labutils.parallel.emulated_stages import recording
-from labutils.parallel.model_parallel import StageLayout, boundary_shapes, split_model
+from labutils.experiments.pipeline_runs import observe_pipeline, observed_step
+from labutils.parallel.model_parallel import boundary_shapes, split_model
 from labutils.parallel.pipeline import (
     SCHEDULES,
     make_pipeline_mlp,
-    run_pipeline,
-    run_schedule,
+    stage_schedules,
     validate_config,
 )
 
@@ -66,36 +65,33 @@ def timed_pipeline(world_size=4, n_microbatches=4, schedule="1f1b", batch_size=3
                    ms_per_sample=0.25, layer_ms=None, sizes=None, n_layers=8, steps=2):
     """A pipeline whose layers sleep ``ms_per_sample`` per sample (forward; 2x backward).
 
-    Returns the per-rank results of ``run_pipeline`` (``spans``, ``work_spans``: last step).
+    Returns the per-rank results of ``observe_pipeline`` (``spans``, ``work_spans``: last step).
     """
     layer_ms = layer_ms if layer_ms is not None else [ms_per_sample] * n_layers
     model_fn = partial(make_pipeline_mlp, len(layer_ms), 16, 8, 4, layer_ms)
     x, y = _batch(batch_size)
-    return run_pipeline(model_fn, x, y, world_size=world_size, schedule=schedule,
-                        n_microbatches=n_microbatches, sizes=sizes, steps=steps)
+    return observe_pipeline(model_fn, x, y, world_size=world_size, schedule=schedule,
+                            n_microbatches=n_microbatches, sizes=sizes, steps=steps)
 
 
 def _rounds_worker(rank, world_size, model_fn, x, y, variants, microbatch_size, repeats):
     """Run every (schedule, m, sizes) of ``variants`` once per round; keep the timelines."""
-    layout = StageLayout(rank, world_size)
     model = model_fn()
     stages = {sizes: split_model(model, world_size, sizes) for _, _, sizes in variants}
     shapes = {sizes: boundary_shapes(st, x[:microbatch_size])[rank] for sizes, st in stages.items()}
     kept = {v: [] for v in variants}
     for r in range(repeats + 1):
         for schedule, m, sizes in variants:
-            fn, stage = SCHEDULES[schedule], stages[sizes][rank]
-            prev = fn(rank - 1, world_size, m) if rank else None
+            stage = stages[sizes][rank]
+            ops, prev_ops = stage_schedules(schedule, rank, world_size, m)
             x_mbs = x[:microbatch_size * m].chunk(m)
             y_mbs = y[:microbatch_size * m].chunk(m)
-            tl = Timeline(rank)
             dist.barrier()                       # every rank starts the step together
-            with recording(Timeline(rank)) as work:
-                run_schedule(fn(rank, world_size, m), stage, layout, x_mbs, y_mbs,
-                             shapes[sizes], tl, prev)
+            _, _, spans, work = observed_step(rank, stage, ops, prev_ops, x_mbs, y_mbs,
+                                              shapes[sizes], count_saved=False)
             stage.zero_grad(set_to_none=True)
             if r:                                # round 0 warms up
-                kept[(schedule, m, sizes)].append({"spans": tl.spans, "work_spans": work.spans})
+                kept[(schedule, m, sizes)].append({"spans": spans, "work_spans": work})
         progress(r + 1, repeats + 1, "rounds")
     return kept
 

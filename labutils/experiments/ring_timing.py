@@ -3,12 +3,14 @@
 time for both splits (interleaved repeats), a per-rank timeline of "compute block" and
 "wait for K/V" spans with the share of each transfer's flight that the rank spent computing,
 and the forward's step time with the hops overlapped against the serial variant (zig-zag).
+All of it observed from outside the ring by ``ring_trace.trace_ring``.
 
 * ``balance_worker``: all of it, on every rank; ``run``: it on ``world_size`` ranks;
 * ``pairs_formula`` and ``blocks_formula``: what the counts must be;
 * ``overlap_share``: a transfer's flight covered by compute, from one forward's records;
-* ``slowest_words``: which rank was slowest, in words the spread backs; ``slowest_per_round``:
-  the slowest rank's time in each round (the ring's next layer waits for it).
+* ``slowest_words``: which rank was slowest, in words the paired rounds back;
+  ``slowest_per_round``: the slowest rank's time in each round (the ring's next layer waits
+  for it).
 """
 from __future__ import annotations
 
@@ -20,15 +22,10 @@ import torch.distributed as dist
 from labutils.core.i18n import tr
 from labutils.core.launcher import launch
 from labutils.core.rank import progress
-from labutils.core.timeline import Timeline
-from labutils.core.timing import Stats, slowest, versus
-from labutils.parallel.ring_attention import (
-    LAYOUTS,
-    RingLayout,
-    RingRecord,
-    qkv,
-    ring_attention_forward,
-)
+from labutils.core.timeline import Span
+from labutils.core.timing import Stats, compare, slowest
+from labutils.experiments.ring_trace import trace_ring
+from labutils.parallel.ring_attention import LAYOUTS, RingLayout, qkv, ring_attention_forward
 
 
 def pairs_formula(seq, world_size, kind, rank):
@@ -62,15 +59,22 @@ VARIANTS = {"contiguous": ("contiguous", True), "zigzag": ("zigzag", True),
             "serial": ("zigzag", False)}
 
 
+def _spans(trace, rank):
+    """The trace's computes and K/V waits as timeline spans."""
+    names = {"compute": "compute block", "wait K/V": "wait for K/V"}
+    return [Span(rank, names[e.what], e.start, e.end, e.label) for e in trace.events
+            if e.what in names]
+
+
 def _forward(q, k, v, layout, rank, overlap):
-    record = RingRecord(timeline=Timeline(rank))
     dist.barrier()                        # start together: waits then measure the ring alone
-    t0 = time.perf_counter()
-    ring_attention_forward(layout.shard(q, rank), layout.shard(k, rank), layout.shard(v, rank),
-                           layout, rank, record, overlap)
-    step = time.perf_counter() - t0
-    compute = sum(s.duration for s in record.timeline.spans if s.name == "compute block")
-    return record, compute, step
+    with trace_ring(layout) as trace:
+        t0 = time.perf_counter()
+        ring_attention_forward(layout.shard(q, rank), layout.shard(k, rank),
+                               layout.shard(v, rank), layout, rank, overlap)
+        step = time.perf_counter() - t0
+    compute = sum(e.end - e.start for e in trace.spans("compute"))
+    return trace, compute, step
 
 
 def balance_worker(rank, world_size, seq=2048, heads=4, head_dim=16, repeats=7, seed=0):
@@ -83,18 +87,16 @@ def balance_worker(rank, world_size, seq=2048, heads=4, head_dim=16, repeats=7, 
     layouts = {kind: RingLayout(seq, world_size, kind) for kind in LAYOUTS}
     out = {name: {"compute": [], "step": [], "overlap": [], "counts": None} for name in VARIANTS}
     with torch.no_grad():
-        for kind, overlap in VARIANTS.values():
-            _forward(q, k, v, layouts[kind], rank, overlap)                 # warm-up
+        for name, (kind, overlap) in VARIANTS.items():                     # warm-up
+            out[name]["counts"] = _forward(q, k, v, layouts[kind], rank, overlap)[0].pairs
         for i in range(repeats):
             for name, (kind, overlap) in VARIANTS.items():
-                record, compute, step = _forward(q, k, v, layouts[kind], rank, overlap)
-                if out[name]["counts"] not in (None, record.pairs):
-                    raise RuntimeError(f"{name}: counts changed between rounds")
-                out[name].update(counts=record.pairs, spans=record.timeline.spans)
+                trace, compute, step = _forward(q, k, v, layouts[kind], rank, overlap)
+                spans = _spans(trace, rank)
+                out[name]["spans"] = spans
                 out[name]["compute"].append(compute)
                 out[name]["step"].append(step)
-                out[name]["overlap"].append(overlap_share(record.timeline.spans,
-                                                          record.flights))
+                out[name]["overlap"].append(overlap_share(spans, trace.flights("K/V")))
             progress(i + 1, repeats, "repeats")
     return out
 
@@ -103,39 +105,39 @@ def run(world_size, seq=2048, heads=4, head_dim=16, repeats=7, seed=0):
     """``balance_worker`` on ``world_size`` ranks (sizes checked before launch). Returns per
     variant: ``pairs`` and ``blocks`` (counted, per rank), ``compute`` (Stats per rank),
     ``step`` (Stats over rounds of the slowest rank's forward), ``overlap`` (Stats over rounds
-    of the ranks' covered / in-flight seconds), ``spans`` (all ranks' last round)."""
+    of the ranks' covered / in-flight seconds), ``spans`` (all ranks' last round). The ranks
+    ran every round in lock-step, so all these Stats are paired round by round."""
     for kind in LAYOUTS:
         RingLayout(seq, world_size, kind)
     per_rank = launch(balance_worker, world_size=world_size, seq=seq, heads=heads,
                       head_dim=head_dim, repeats=repeats, seed=seed)
-    result = {}
+    result, rounds = {}, f"ring_timing.run {time.time_ns()}"   # every Stats below: paired
     for name in VARIANTS:
         ranks = [r[name] for r in per_rank]
         shares = [sum(r["overlap"][i][0] for r in ranks) / sum(r["overlap"][i][1] for r in ranks)
                   for i in range(repeats)] if world_size > 1 else [0.0]
         result[name] = {"pairs": [r["counts"]["pairs"] for r in ranks],
                         "blocks": [r["counts"]["blocks"] for r in ranks],
-                        "compute": [Stats.of(r["compute"]) for r in ranks],
-                        "step": Stats.of(slowest([r["step"] for r in ranks])),
-                        "overlap": Stats.of(shares),
+                        "compute": [Stats.of(r["compute"], rounds) for r in ranks],
+                        "step": Stats.of(slowest([r["step"] for r in ranks]), rounds),
+                        "overlap": Stats.of(shares, rounds),
                         "spans": [s for r in ranks for s in r["spans"]]}
     return result
 
 
 def slowest_words(compute):
-    """Which rank's attention took longest (by median) and how it compares with the fastest,
-    in ``versus``'s words, with the range of the per-round ratio: one sentence."""
+    """Which rank's attention took longest (by median) and how it compares with the fastest:
+    the ranks timed each round in lock-step, so the rounds pair and the interval of the
+    per-round ratio chooses the words. One sentence."""
     slow = max(range(len(compute)), key=lambda r: compute[r].median)
     fast = min(range(len(compute)), key=lambda r: compute[r].median)
-    ratios = [a / b for a, b in zip(compute[slow].values, compute[fast].values)]
+    c = compare(compute[slow], compute[fast])          # paired: the same rounds
     return tr("rank {slow} was the slowest ({slow_time}); it was {verdict} rank {fast} "
-              "({fast_time}); per round, rank {slow} took {lo:.2f}x to {hi:.2f}x rank {fast}'s "
-              "time",
+              "({fast_time}): {comparison}",
               slow=slow, fast=fast, slow_time=compute[slow].fmt("ms", 1e3),
-              fast_time=compute[fast].fmt("ms", 1e3),
-              verdict=versus(compute[slow], compute[fast]), lo=min(ratios), hi=max(ratios))
+              fast_time=compute[fast].fmt("ms", 1e3), verdict=c.word(), comparison=c.fmt())
 
 
 def slowest_per_round(compute):
     """Stats over rounds of the slowest rank's attention time (``compute``: Stats per rank)."""
-    return Stats.of(slowest([list(t.values) for t in compute]))
+    return Stats.of(slowest([list(t.values) for t in compute]), compute[0].rounds)

@@ -1,8 +1,8 @@
 """Sequence parallelism checked (06d): a pre-LN transformer layer with dropout, split over t
 ranks by tensor parallelism alone (06b) and by tensor + sequence parallelism, run on real ranks
 against one process (outputs and every gradient), with every collective call counted per phase
-(the buffers it was handed and handed back, and the calls at PyTorch's dispatcher); the ring
-model's bytes sent per rank derived from those payloads; a training step of each timed."""
+at PyTorch's dispatcher (``core.commcount``: the buffer each call was handed); the ring model's
+bytes sent per rank derived from those payloads; a training step of each timed."""
 from __future__ import annotations
 
 import torch
@@ -12,7 +12,6 @@ from labutils.core.launcher import launch
 from labutils.core.timing import Stats, interleaved, slowest_rank
 from labutils.cost.costmodel import collective_time
 from labutils.parallel.sequence_parallel import (
-    PayloadCounter,
     PreLNTransformerLayer,
     SequenceParallelTransformerLayer,
     allreduce_replicated_grads,
@@ -43,17 +42,23 @@ def my_shard(tensor, rank, world_size, sequence_parallel):
     return (tensor.chunk(world_size, dim=1)[rank] if sequence_parallel else tensor).clone()
 
 
-def _calls(counter, phase):
-    """Rank's collective calls in ``phase``, in order: (op, bytes handed in, bytes handed back)."""
-    return [(op, given, back) for op, p, given, back in counter.payloads if p == phase]
+# bytes a call hands back, from the bytes it was handed and the group's size t: an all-reduce
+# returns its buffer, an all-gather t shards, a reduce-scatter one shard of t
+_HANDED_BACK = {"allreduce_": lambda n, t: n, "allgather_": lambda n, t: n * t,
+                "reduce_scatter_": lambda n, t: n // t}
+
+
+def _calls(counted):
+    """The collective calls of one phase, in order: (op, bytes handed in, bytes handed back)."""
+    return [(c.op, c.nbytes, _HANDED_BACK[c.op](c.nbytes, c.group_size)) for c in counted.calls]
 
 
 def sp_layer(rank, world_size, sequence_parallel=True, batch=2, seq=48, hidden=48, num_heads=12,
              dropout=0.1, seed=0, regather=False):
     """Worker: one forward and backward of the split layer (``regather``: Megatron's re-gather); its output, input gradient and
-    parameter gradients, and the collectives it issued by phase and operation."""
+    parameter gradients, and the collectives it issued by phase (counted at the dispatcher)."""
     ref, x, dy = reference_and_inputs(batch, seq, hidden, num_heads, dropout, seed)
-    layout = TPLayout(rank, world_size, counter=PayloadCounter())
+    layout = TPLayout(rank, world_size)
     layer = SequenceParallelTransformerLayer(ref, layout, sequence_parallel, regather)
     x = my_shard(x, rank, world_size, sequence_parallel).clone().requires_grad_()
     dispatched = {}
@@ -66,8 +71,7 @@ def sp_layer(rank, world_size, sequence_parallel=True, batch=2, seq=48, hidden=4
     phases = ("forward", "backward", "grads")
     return {"output": y.detach(), "input_grad": x.grad,
             "grads": {n: p.grad for n, p in layer.named_parameters()},
-            "calls": {ph: _calls(layout.counter, ph) for ph in phases},
-            "dispatched": {ph: dict(dispatched[ph].by_op) for ph in phases}}
+            "calls": {ph: _calls(dispatched[ph]) for ph in phases}}
 
 
 def assert_matches_reference(results, sequence_parallel, batch, seq, hidden, num_heads,
@@ -112,12 +116,12 @@ def run_sp_check(tp_world_size=2, sequence_parallel=True, regather=False, **size
     worst = assert_matches_reference(results, *args)
     assert all(r["calls"] == results[0]["calls"] for r in results), "ranks' calls differ"
     return {"max_abs_diff": worst, "calls": results[0]["calls"],
-            "dispatched": results[0]["dispatched"], "grads_checked": len(results[0]["grads"])}
+            "grads_checked": len(results[0]["grads"])}
 
 
-# 06b's f and g are all-reduces; the cost layer names its collectives so
-_MODEL_OP = {"f": "allreduce", "g": "allreduce", "all_reduce": "allreduce",
-             "reduce_scatter": "reduce_scatter", "all_gather": "all_gather"}
+# the dispatcher's op names -> the cost layer's collectives
+_MODEL_OP = {"allreduce_": "allreduce", "reduce_scatter_": "reduce_scatter",
+             "allgather_": "all_gather"}
 
 
 def ring_model_bytes(op, given, back, world_size):
@@ -157,4 +161,5 @@ def time_steps(rank, world_size, repeats=7, batch=2, seq=48, hidden=48, num_head
             allreduce_replicated_grads(layer, layer.layout)
         steps["TP+SP" if sp else "TP"] = step
     stats = interleaved(steps, repeats=repeats)
-    return {name: Stats.of(slowest_rank(list(st.values))) for name, st in stats.items()}
+    return {name: Stats.of(slowest_rank(list(st.values)), st.rounds)   # still paired
+            for name, st in stats.items()}

@@ -7,7 +7,7 @@ import collections
 
 from labutils.core.env import one_thread
 from labutils.core.rank import progress
-from labutils.parallel.async_sgd import validate_inputs
+from labutils.experiments.sgd_runs import validate_inputs
 from labutils.parallel.flat_mlp import (
     batch_indices,
     full_loss,

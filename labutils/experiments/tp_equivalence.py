@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import torch
 
+from labutils.core.commcount import count_collectives
 from labutils.core.launcher import launch
 from labutils.parallel.tensor_parallel import (
     MLP,
-    CommCounter,
     ParallelMLP,
     ParallelSelfAttention,
     ParallelTransformerLayer,
@@ -39,20 +39,23 @@ def _forward_backward(model, x, dy):
 def parallel_block(rank, world_size, block="mlp", batch=2, seq=4, hidden=16, num_heads=4,
                    seed=0):
     """Worker: build the tensor-parallel block from the seeded reference, run forward and
-    backward, count the bytes each collective carried."""
+    backward, and count at the dispatcher (``core.commcount``) the collectives each phase issued
+    and the bytes handed to them."""
     ref, x, dy = _reference_and_inputs(block, batch, seq, hidden, num_heads, seed)
-    layout = TPLayout(rank, world_size, counter=CommCounter())
+    layout = TPLayout(rank, world_size)
     par = {"mlp": ParallelMLP, "attention": ParallelSelfAttention,
            "layer": ParallelTransformerLayer}[block](ref, layout)
     x = x.clone().requires_grad_()
-    y = par(x)
-    forward = (layout.counter.bytes("forward"), layout.counter.calls("forward"))
-    (y * dy).sum().backward()
+    with count_collectives() as forward:
+        y = par(x)
+    with count_collectives() as backward:
+        (y * dy).sum().backward()
     return {"output": y.detach(), "input_grad": x.grad,
             "grads": {n: p.grad for n, p in par.named_parameters()},
-            "forward_bytes": forward[0], "forward_calls": forward[1],
-            "backward_bytes": layout.counter.bytes("backward"),
-            "backward_calls": layout.counter.calls("backward")}
+            "forward_bytes": sum(c.nbytes for c in forward.calls),
+            "forward_calls": forward.total, "forward_ops": dict(forward.by_op),
+            "backward_bytes": sum(c.nbytes for c in backward.calls),
+            "backward_calls": backward.total, "backward_ops": dict(backward.by_op)}
 
 
 def assert_matches_reference(results, block, batch=2, seq=4, hidden=16, num_heads=4, seed=0):
@@ -90,7 +93,8 @@ def run_block_check(block="mlp", tp_world_size=2, batch=2, seq=4, hidden=16, num
     results = launch(parallel_block, *args, world_size=tp_world_size,
                      warn_oversubscription=False)
     max_diff = assert_matches_reference(results, *args)
-    keys = ("forward_bytes", "forward_calls", "backward_bytes", "backward_calls")
+    keys = ("forward_bytes", "forward_calls", "forward_ops", "backward_bytes", "backward_calls",
+            "backward_ops")
     return {"max_abs_diff": max_diff, **{k: results[0][k] for k in keys},
             "param_shapes": {n: tuple(g.shape) for n, g in results[0]["grads"].items()}}
 

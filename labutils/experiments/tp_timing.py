@@ -1,7 +1,8 @@
 """Tensor parallelism timed (06b, ``bench tensor_parallel``): one transformer layer's training
 step (forward and backward) on one rank, tensor-parallel on the ranks and data-parallel on the
 ranks, with the same global batch, interleaved; each variant's all-reduces counted; a few steps
-of TP and of DP recorded as per-rank spans (compute, and every all-reduce from launch to result).
+of TP and of DP recorded as per-rank spans (compute, and every all-reduce from launch to result:
+TP's from the dispatcher, ``core.commcount``, so the layer itself records nothing).
 
 * ``step_worker``: the timing, the counts and an equality check of both parallel steps;
 * ``timeline_worker``: the spans, drawn by ``lu.timeline_plot.plot_overlap``;
@@ -104,7 +105,7 @@ def step_worker(rank, world_size, hidden=256, num_heads=8, batch=8, seq=64, repe
     ``"1 rank"`` is rank 0 alone on the whole batch (the others wait at a barrier); ``"TP"``
     every rank on the whole batch with 1/p of the weights; ``"DP"`` (PyTorch's DDP) every rank on
     1/p of the batch with all the weights. A step ends when its slowest rank does. Returns
-    ``{"stats": {variant: Stats}, "calls": {variant: (forward, backward) all-reduces},
+    ``{"stats": {variant: Stats (paired round by round)}, "calls": {variant: (forward, backward) all-reduces},
     "tp_equal", "dp_equal", "threads"}`` (``threads``: this rank's intra-op threads)."""
     builds = _builds(rank, world_size, hidden, num_heads, batch, seq, bucket_cap_mb, seed)
     tp_equal, dp_equal = _equal_to_one_rank(rank, world_size, builds)
@@ -125,7 +126,8 @@ def step_worker(rank, world_size, hidden=256, num_heads=8, batch=8, seq=64, repe
             if i:                                # the first round warms up
                 times[v].append(time.perf_counter() - t0)
     rows = slowest_rank([times[v] for v in VARIANTS])   # the max over ranks, per sample
-    return {"stats": {v: Stats.of(r) for v, r in zip(VARIANTS, rows)}, "calls": calls,
+    rounds = f"tp_timing.step_worker {time.time_ns()}"   # one set of rounds: the Stats pair up
+    return {"stats": {v: Stats.of(r, rounds) for v, r in zip(VARIANTS, rows)}, "calls": calls,
             "tp_equal": tp_equal, "dp_equal": dp_equal, "threads": torch.get_num_threads()}
 
 
@@ -140,6 +142,13 @@ def _compute_between(tl, name, start, end, label):
         tl.add("wait", s.start, s.end)
         t = s.end
     tl.add(name, t, end, label=label)
+
+
+def _add_all_reduces(timeline, counted, label):
+    """One ``allreduce`` span per all-reduce the dispatcher saw, from its launch to the moment
+    gloo completed it (``core.commcount``'s two clocks)."""
+    for c in counted.of("allreduce"):
+        timeline.add("allreduce", c.launched, c.completed or c.launched, label=label)
 
 
 def _recording_hook(timeline, world_size):
@@ -169,8 +178,7 @@ def timeline_worker(rank, world_size, hidden=256, num_heads=8, batch=8, seq=64,
     tl = {"TP": Timeline(rank), "DP": Timeline(rank)}
     dp = DistributedDataParallel(ref, bucket_cap_mb=bucket_cap_mb)
     dp.register_comm_hook(None, _recording_hook(tl["DP"], world_size))
-    builds = {"TP": (ParallelTransformerLayer(ref, TPLayout(rank, world_size, timeline=tl["TP"])),
-                     x, dy),
+    builds = {"TP": (ParallelTransformerLayer(ref, TPLayout(rank, world_size)), x, dy),
               "DP": (dp, x[mine], dy[mine])}
     out = {"TP": [], "DP": []}
     for i in range(2 + steps):   # two warm-ups: DDP rebuilds its buckets in the second forward
@@ -181,14 +189,18 @@ def timeline_worker(rank, world_size, hidden=256, num_heads=8, batch=8, seq=64,
             grad_done = []                       # when backward computed the layer's input grad
             xs.register_hook(lambda g: grad_done.append(time.perf_counter()))
             t0 = time.perf_counter()
-            y = model(xs)
+            with count_collectives() as fwd:
+                y = model(xs)
             t1 = time.perf_counter()
-            (y * dys).sum().backward()
+            with count_collectives() as bwd:
+                (y * dys).sum().backward()
             t2 = time.perf_counter()
             model.zero_grad(set_to_none=True)
             if i < 2:
                 continue
-            if variant == "TP":
+            if variant == "TP":      # forward's all-reduces are g's, backward's f's
+                _add_all_reduces(tl["TP"], fwd, "g")
+                _add_all_reduces(tl["TP"], bwd, "f")
                 _compute_between(tl["TP"], "forward", t0, t1, "fwd")
                 _compute_between(tl["TP"], "backward", t1, t2, "bwd")
             else:   # compute ends with the input grad or the last bucket's launch; then DDP waits

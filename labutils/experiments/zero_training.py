@@ -2,24 +2,26 @@
 rank holds and peaks at, the check that every stage trains like plain data parallelism, and the
 interleaved timing of the optimisation walk-through.
 
-Memory is measured with ``core.memory.measure_peak`` inside ``gloo_frees.frees_on_this_thread``
-(gloo's collectives, run so that this thread frees their buffers, where the profiler sees it).
+Everything is observed from outside the lesson code: the collectives by
+``core.commcount.count_collectives`` (what each call was handed), the peak by
+``core.memory.LiveBytes`` (every storage an op makes, counted until it dies, on whichever
+thread drops it: gloo's, for a collective's buffers).
 """
+import itertools
 import time
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from labutils.core.commcount import count_collectives
 from labutils.core.launcher import launch
-from labutils.core.memory import measure_peak
+from labutils.core.memory import live_peak
 from labutils.core.rank import progress
 from labutils.core.timing import Stats, slowest
 from labutils.cost.planspec import zero_state_bytes
 from labutils.data.models import mlp
-from labutils.experiments.gloo_frees import frees_on_this_thread
-from labutils.parallel.sharding import FSDP2, VOLUME_FACTOR, ShardLayout, padded, wrap
-from labutils.parallel.tensor_parallel import CommCounter
+from labutils.parallel.sharding import FSDP2, ShardLayout, padded, wrap
 
 
 def make_problem(sizes=(32, 64, 64, 8), batch=16, seed=0):
@@ -63,6 +65,21 @@ def padded_state_bytes(numels, world_size, stage):
     return weights + grads + adam
 
 
+def paper_volume(calls):
+    """Bytes of the full tensors the ``calls`` (``commcount.Call``) cover, in the paper's units
+    (section 7): a reduce-scatter or an all-gather of n bytes counts n, an all-reduce 2n (it is
+    one of each). A reduce-scatter is handed the full tensor, an all-gather one rank's shard."""
+    total = 0
+    for c in calls:
+        if "allreduce" in c.op:
+            total += 2 * c.nbytes
+        elif "reduce_scatter" in c.op:
+            total += c.nbytes
+        elif "allgather" in c.op:
+            total += c.nbytes * c.group_size
+    return total
+
+
 KINDS = {"dp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp": "fsdp"}
 FORMULA_STAGE = {"dp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp": 3}
 
@@ -84,65 +101,61 @@ def _loss(model, x, y, checkpoint, autocast):
 
 
 def activation_peak(model, x, y, checkpoint=False, autocast=False):
-    """Measured peak of one forward and backward that makes no weight gradient: activations,
-    their gradients, the loss. ZeRO shards none of it: the baseline under the model state."""
+    """Measured peak (``live_peak``) of one forward and backward that makes no weight gradient:
+    activations, their gradients, the loss. ZeRO shards none of it: the baseline under the
+    model state."""
     flags = [p.requires_grad for p in model.parameters()]
     for p in model.parameters():
         p.requires_grad_(False)
     x = x.clone().requires_grad_()  # so backward runs through every layer
     try:
-        return measure_peak(lambda: _loss(model, x, y, checkpoint, autocast).backward())[1]
+        return live_peak(lambda: _loss(model, x, y, checkpoint, autocast).backward())[1]
     finally:
         for p, flag in zip(model.parameters(), flags):
             p.requires_grad_(flag)
 
 
 def train_worker(rank, world_size, kind="dp", sizes=(32, 64, 64, 8), batch=16, steps=3,
-                 lr=1e-2, seed=0, measure_memory=False, checkpoint=False, autocast=False,
-                 time_steps=True):
+                 lr=1e-2, seed=0, measure_memory=False, checkpoint=False, autocast=False):
     """Worker: train ``steps`` steps of ``kind`` ("dp" plain data parallel, "zero1", "zero2",
     "zero3", or "fsdp") on this rank's slice of the batch. Returns global losses, the full final
-    weights, model state held after the last backward, bytes per step (paper's units), median
-    step time and (``measure_memory``) the peak and the activation baseline, in bytes."""
+    weights, model state held after the last backward, bytes per step (paper's units, counted)
+    and (``measure_memory``) the peak and the activation baseline, in bytes."""
     model, x, y = make_problem(sizes, batch, seed)
-    layout = ShardLayout(rank, world_size, counter=CommCounter())
     x, y = x.chunk(world_size)[rank], y.chunk(world_size)[rank]
     baseline = activation_peak(model, x, y, checkpoint, autocast) if measure_memory else None
-    trainer = make_trainer(kind, model, layout, lr)
-    state, times = {}, []
+    trainer = make_trainer(kind, model, ShardLayout(rank, world_size), lr)
+    state = {}
 
     def run():
         losses = []
         for step in range(steps):
             progress(step + 1, steps, "steps")  # rank 0 drives a panel's bar
-            start = time.perf_counter()
             loss = _loss(trainer.model, x, y, checkpoint, autocast)
             loss.backward()
             if step == steps - 1 and kind != "fsdp":
                 state.update(held_bytes(trainer))  # after backward, before the update
             trainer.step()
-            times.append(time.perf_counter() - start)
             losses.append(loss.detach())
         return torch.stack(losses)
 
-    before = (sum(p.to_local().numel() * 4 for p in trainer.model.parameters())
-              if kind == "fsdp" else held_bytes(trainer)["weights"])
-    if measure_memory:
-        with frees_on_this_thread():
-            losses, peak = measure_peak(run)
-    else:
-        losses, peak = run(), 0
-    volume = sum(VOLUME_FACTOR[op] * b for op, _, b in layout.counter.records) / steps
+    before = _weights_before(trainer, kind)
+    with count_collectives() as counted:
+        losses, peak = live_peak(run) if measure_memory else (run(), 0)
     params = trainer.full_parameters()
-    if measure_memory and time_steps:  # time steps again without the profiler (it slows ops)
-        times.clear()
-        run()
     dist.all_reduce(losses)  # the global loss: mean of the ranks' (equal-sized) batches
-    return {"losses": losses / world_size, "params": params,
-            "state": state, "volume_bytes_per_step": volume,
-            "step_time": sorted(times[1:] or times)[len(times[1:] or times) // 2],
+    return {"losses": losses / world_size, "params": params, "state": state,
+            "volume_bytes_per_step": paper_volume(counted.calls) / steps,
             "peak_bytes": before + peak if measure_memory else None,
             "baseline_bytes": baseline}
+
+
+def _weights_before(trainer, kind):
+    """Bytes of weights the trainer holds before its first step (what ``live_peak`` does not
+    see made): this rank's shards for FSDP2, the flat buffers or parameters otherwise."""
+    if kind == "fsdp":
+        return sum(p.to_local().numel() * 4 for p in trainer.model.parameters())
+    return held_bytes(trainer)["weights"]
 
 
 def train_single(sizes=(32, 64, 64, 8), batch=16, steps=3, lr=1e-2, seed=0, checkpoint=False,
@@ -208,7 +221,7 @@ def memory_vs_formula(kinds=("dp", "zero1", "zero2", "zero3"), world_size=4, wid
     rows = {}
     for kind in kinds:
         res = run_training(kind, world_size, sizes=sizes, batch=batch, steps=steps,
-                           measure_memory=True, time_steps=False)
+                           measure_memory=True)
         rows[kind] = {"peak": res["peak_bytes_per_rank"],
                       "baseline": res["baseline_bytes_per_rank"],
                       "formula": zero_state_bytes(psi, world_size, FORMULA_STAGE[kind]),
@@ -238,16 +251,14 @@ def walkthrough_worker(rank, world_size, variants, sizes, batch, repeats=5, lr=1
         model, x, y = make_problem(sizes, batch, seed)
         x, y = x.chunk(world_size)[rank], y.chunk(world_size)[rank]
         trainer = make_trainer(kind, model, ShardLayout(rank, world_size), lr)
-        before = (sum(p.to_local().numel() * 4 for p in trainer.model.parameters())
-                  if kind == "fsdp" else held_bytes(trainer)["weights"])
+        before = _weights_before(trainer, kind)
 
         def step(trainer=trainer, x=x, y=y, flags=flags):
             _loss(trainer.model, x, y, flags.get("checkpoint", False),
                   flags.get("autocast", False)).backward()
             trainer.step()
 
-        with frees_on_this_thread():
-            _, peak = measure_peak(lambda step=step: [step() for _ in range(2)])
+        _, peak = live_peak(lambda step=step: [step() for _ in range(2)])
         built[label] = (step, before + peak)
     times = {label: [] for label in built}
     for i in range(repeats + 1):
@@ -261,12 +272,17 @@ def walkthrough_worker(rank, world_size, variants, sizes, batch, repeats=5, lr=1
     return {label: (peak, times[label]) for label, (_, peak) in built.items()}
 
 
+_WALKS = itertools.count()
+
+
 def run_walkthrough(variants, world_size=2, sizes=(64,) + (128,) * 6 + (8,), batch=1024,
                     repeats=5):
     """``walkthrough_worker`` on real ranks: {label: {"peak": max over ranks, "time": Stats of
-    the slowest rank's step per round}}."""
+    the slowest rank's step per round}}. The Stats of one call are paired round by round (the
+    variants ran in turn), so ``timing.compare`` takes per-round ratios."""
     per_rank = launch(walkthrough_worker, variants, sizes, batch, repeats,
                       world_size=world_size, warn_oversubscription=False)
+    rounds = f"walkthrough {next(_WALKS)}"
     return {label: {"peak": max(r[label][0] for r in per_rank),
-                    "time": Stats.of(slowest([r[label][1] for r in per_rank]))}
+                    "time": Stats.of(slowest([r[label][1] for r in per_rank]), rounds)}
             for label, _, _ in variants}

@@ -21,12 +21,11 @@ whether or not ``steps`` is a multiple of ``eval_every``.
 * ``hogwild_worker``: no server and no lock; every rank reads and writes one weight vector in
   shared memory (Recht et al., "Hogwild!", NeurIPS 2011).
 The single-process simulation with a fixed staleness, for the intuition behind the measured
-parameter-server points, is ``labutils.experiments.staleness.delayed_sgd``.
+parameter-server points, is ``labutils.experiments.staleness.delayed_sgd``; the runs (validate,
+launch) are in ``labutils.experiments.sgd_runs``.
 """
 from __future__ import annotations
 
-import os
-import tempfile
 import time
 from dataclasses import dataclass, replace
 
@@ -34,8 +33,6 @@ import torch
 import torch.distributed as dist
 
 from labutils.core.env import one_thread
-from labutils.core.launcher import launch
-from labutils.core.rank import progress
 from labutils.parallel.flat_mlp import (  # noqa: F401 (re-exported: async_sgd.init_params, ...)
     accuracy,
     batch_indices,
@@ -109,7 +106,6 @@ def sync_sgd_worker(rank, world_size, X, y, cfg):
     hist = _History(params, X, y, cfg) if rank == 0 else None  # before the barrier: see _History
     dist.barrier()
     for step in range(cfg.steps):
-        progress(step + 1, cfg.steps, "steps")  # rank 0 drives a panel's bar
         idx = batch_indices(cfg, rank, step, len(X))
         _, grad = loss_and_grad(params, X[idx], y[idx], cfg.hidden)
         _straggle(cfg, rank, world_size)
@@ -135,7 +131,6 @@ def reference_sgd(X, y, cfg, world_size, first_rank=0):
 def _reference_sgd(X, y, cfg, ranks):
     params = init_params(X.shape[1], 10, cfg)
     for step in range(cfg.steps):
-        progress(step + 1, cfg.steps, "steps")  # the caller drives a panel's bar
         idx = torch.cat([batch_indices(cfg, r, step, len(X)) for r in ranks])
         _, grad = loss_and_grad(params, X[idx], y[idx], cfg.hidden)
         params -= cfg.lr * grad
@@ -209,7 +204,6 @@ def hogwild_worker(rank, world_size, X, y, cfg, path):
     hist = _History(params, X, y, cfg) if rank == 0 else None  # before the barrier: see _History
     dist.barrier()
     for step in range(cfg.steps):
-        progress(step + 1, cfg.steps, "steps")  # rank 0 drives a panel's bar
         idx = batch_indices(cfg, rank, step, len(X))
         _, grad = loss_and_grad(params, X[idx], y[idx], cfg.hidden)  # reads a racy snapshot
         _straggle(cfg, rank, world_size)
@@ -222,48 +216,6 @@ def hogwild_worker(rank, world_size, X, y, cfg, path):
         return None
     hist.add(int(counts.sum()), params)
     return hist.result("Hogwild", params)
-
-
-# ---- callers: validate, then launch ---------------------------------------------------------
-
-def _launch(worker, world_size, *args, warn=False):
-    # a rank that mostly sleeps or waits needs no core of its own; ``warn`` where times are read
-    return launch(worker, *args, world_size=world_size, timeout=300, warn_oversubscription=warn)
-
-
-def validate_inputs(X, y, cfg, world_size, minimum):
-    cfg.validate()
-    if not isinstance(world_size, int) or world_size < minimum:
-        raise ValueError(f"world_size must be an int >= {minimum} here; got {world_size!r}")
-    if X.ndim != 2 or len(X) != len(y):
-        raise ValueError(f"X must be (N, features) and y (N,); got {tuple(X.shape)} and "
-                         f"{tuple(y.shape)} (flatten images with X.flatten(1))")
-    return X.float(), y.long()
-
-
-def run_sync(X, y, cfg=SGDConfig(), world_size=2, warn=False):
-    """``warn``: warn when the ranks outnumber the cores (for runs whose times are read)."""
-    X, y = validate_inputs(X, y, cfg, world_size, 1)
-    return _launch(sync_sgd_worker, world_size, X, y, cfg, warn=warn)[0]
-
-
-def run_parameter_server(X, y, cfg=SGDConfig(), world_size=3, warn=False):
-    """``world_size`` ranks: one server and ``world_size - 1`` workers."""
-    X, y = validate_inputs(X, y, cfg, world_size, 2)
-    return _launch(parameter_server_worker, world_size, X, y, cfg, warn=warn)[0]
-
-
-def run_hogwild(X, y, cfg=SGDConfig(), world_size=2, warn=False):
-    X, y = validate_inputs(X, y, cfg, world_size, 1)
-    init = torch.cat([init_params(X.shape[1], 10, cfg), torch.zeros(world_size)])  # + counters
-    folder = "/dev/shm" if os.path.isdir("/dev/shm") else None  # RAM-backed where there is one
-    fd, path = tempfile.mkstemp(prefix="lu-hogwild-", dir=folder)
-    os.close(fd)
-    try:
-        torch.from_file(path, shared=True, size=init.numel(), dtype=torch.float32).copy_(init)
-        return _launch(hogwild_worker, world_size, X, y, cfg, path, warn=warn)[0]
-    finally:
-        os.unlink(path)
 
 
 def with_(cfg, **changes):

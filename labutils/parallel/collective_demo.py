@@ -1,5 +1,6 @@
 """Every collective on real ranks, before and after: what lab 03a draws
-(``labutils.viz.figures.plot_collectives``). Rank ``r`` starts with ``10r, 10r+1, ...``, so each
+(``labutils.viz.figures.plot_collectives``; ``experiments.collective_runs.run_collectives``
+launches it). Rank ``r`` starts with ``10r, 10r+1, ...``, so each
 result can be checked by eye and by the formulas the notebook asserts.
 
 Eight calls of ``torch.distributed`` (gloo, CPU), plus one ring shift built from send/recv.
@@ -9,7 +10,6 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from labutils.core.launcher import launch
 from labutils.parallel.collectives import _exchange
 
 COLLECTIVES = ("broadcast", "reduce", "all_reduce", "all_gather", "reduce_scatter", "scatter",
@@ -59,16 +59,3 @@ def collectives_worker(rank, world_size, names=COLLECTIVES, n=3):
     """Every collective in ``names`` on this rank: {name: (before, after)}."""
     return {name: _show_collective(name, rank, world_size, n) for name in names}
 
-
-def run_collectives(world_size=4, names=COLLECTIVES, n=3):
-    """Run each collective on ``world_size`` real ranks; {name: ([before per rank], [after])}."""
-    unknown = [x for x in names if x not in COLLECTIVES]
-    if unknown:
-        raise ValueError(f"unknown collective(s) {unknown}; use names from {COLLECTIVES}")
-    if world_size < 2:
-        raise ValueError(f"collectives need world_size >= 2 to show anything; got {world_size}")
-    # 4 tiny ranks on 2 cores are fine here: nothing is timed
-    per_rank = launch(collectives_worker, list(names), n, world_size=world_size,
-                      warn_oversubscription=False)
-    return {name: ([r[name][0] for r in per_rank], [r[name][1] for r in per_rank])
-            for name in names}

@@ -22,8 +22,6 @@ all-reduces must be issued in the same order on every rank).
 """
 from __future__ import annotations
 
-import time
-
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -148,21 +146,19 @@ def used_parameters(outputs):
 class BucketedDDP(nn.Module):
     """Bucketed, overlapped gradient averaging: the design of ``DistributedDataParallel``.
 
-    ``BucketedDDP(module, bucket_cap_mb=25.0, group=None)``; after ``loss.backward()`` returns,
-    every parameter's ``.grad`` is the average over ranks (no extra call needed). Buckets are
+    After ``loss.backward()`` returns, every ``.grad`` is the average over ranks. Buckets are
     all-reduced strictly in index order, so every rank issues the same sequence of collectives
-    even when gradients become ready in a different order. ``timeline`` (a ``lu.timeline
-    .Timeline``) records one ``allreduce`` span per bucket, from launch to completion, and one
-    ``wait`` span per step, from the end of backward's computation to the last bucket's copy.
+    even when gradients become ready in a different order. ``require_backward_grad_sync =
+    False`` skips the averaging (what DDP's ``no_sync()`` sets): ``.grad`` keeps local sums.
     """
 
-    def __init__(self, module, bucket_cap_mb=25.0, group=None, find_unused_parameters=False,
-                 timeline=None):
+    def __init__(self, module, bucket_cap_mb=25.0, group=None, find_unused_parameters=False):
         super().__init__()
         if bucket_cap_mb <= 0:
             raise ValueError(f"bucket_cap_mb must be > 0 (e.g. 25.0); got {bucket_cap_mb}")
-        self.module, self.group, self.timeline = module, group, timeline
+        self.module, self.group = module, group
         self.find_unused_parameters = find_unused_parameters
+        self.require_backward_grad_sync = True
         self.params = [p for p in module.parameters() if p.requires_grad]
         groups = assign_buckets(self.params, bucket_cap_mb)
         self.buckets = [_Bucket(i, ps, i == len(groups) - 1) for i, ps in enumerate(groups)]
@@ -172,8 +168,6 @@ class BucketedDDP(nn.Module):
                 self.where[id(p)] = (b, i)
                 p.register_post_accumulate_grad_hook(self._hook)
         self.comm_hook, self.comm_state = allreduce_mean_hook, group
-        self.num_allreduces = 0  # buckets launched since construction (for the notebooks)
-        self.bytes_reduced = 0
         self._prepared = False
         with torch.no_grad():  # every replica starts from rank 0's weights, as DDP does
             for t in list(module.parameters()) + list(module.buffers()):
@@ -185,7 +179,7 @@ class BucketedDDP(nn.Module):
 
     def forward(self, *args, **kwargs):
         out = self.module(*args, **kwargs)
-        if torch.is_grad_enabled():
+        if torch.is_grad_enabled() and self.require_backward_grad_sync:
             self._prepare(out)
         return out
 
@@ -212,6 +206,8 @@ class BucketedDDP(nn.Module):
         self._launch_ready()
 
     def _hook(self, p):
+        if not self.require_backward_grad_sync:
+            return                  # no_sync: .grad accumulates locally, nothing is sent
         if not self._prepared:
             raise RuntimeError("BucketedDDP: backward ran without a forward through the wrapper "
                                "(call ddp_model(x), not the inner module)")
@@ -224,31 +220,18 @@ class BucketedDDP(nn.Module):
         self._launch_ready()
 
     def _launch_ready(self):
+        # In index order only: a later bucket that filled first waits for the earlier ones.
         while (self.next_bucket < len(self.buckets)
                and self.buckets[self.next_bucket].ready >= self.buckets[self.next_bucket].expected):
             b = self.buckets[self.next_bucket]
             if b.expected:
-                start = time.perf_counter()
-                b.future = self.comm_hook(self.comm_state, b)
-                if self.timeline is not None:
-                    b.future = b.future.then(self._recorder(b, start))
-                self.num_allreduces += 1
-                self.bytes_reduced += b.nbytes()
+                b.future = self.comm_hook(self.comm_state, b)  # async: backward goes on
             self.next_bucket += 1
 
-    def _recorder(self, b, start):
-        def done(fut):  # runs on the communication thread the moment the bucket is reduced
-            self.timeline.add("allreduce", start, time.perf_counter(), label=f"b{b.index()}",
-                              nbytes=b.nbytes())
-            return fut.value()
-        return done
-
     def wait(self):
-        """Wait for every bucket and copy the averages into ``.grad`` (idempotent). With a
-        ``timeline``, the time spent here is a ``wait`` span: communication not hidden."""
+        """Wait for every bucket and copy the averages into ``.grad`` (idempotent)."""
         if not self._prepared:
             return
-        waited_from = time.perf_counter()
         if self.next_bucket < len(self.buckets):
             b = self.buckets[self.next_bucket]
             missing = [n for n, p in self.module.named_parameters()
@@ -269,6 +252,4 @@ class BucketedDDP(nn.Module):
                     p.grad = grads[i].clone()
                 else:
                     p.grad.copy_(grads[i])
-        if self.timeline is not None:
-            self.timeline.add("wait", waited_from, time.perf_counter())
         self._prepared = False

@@ -14,49 +14,34 @@ backward's sleep on the path to the input, half on a path to a parameter of its 
 """
 from __future__ import annotations
 
-import contextlib
 import time
 
 import torch
 from torch import nn
 
-from labutils.core.timeline import Timeline
 from labutils.parallel.model_parallel import make_mlp
 
-__all__ = ["Delay", "make_pipeline_mlp", "recording"]
-
-_ACTIVE: Timeline | None = None     # where this process records emulated work (``recording``)
+__all__ = ["Delay", "make_pipeline_mlp"]
 
 
-@contextlib.contextmanager
-def recording(tl):
-    """Record every emulated sleep of this process as a span ("F", "B" or "W") into ``tl``."""
-    global _ACTIVE
-    previous, _ACTIVE = _ACTIVE, tl
-    try:
-        yield tl
-    finally:
-        _ACTIVE = previous
-
-
-def _work(name, seconds):
+def _work(log, name, seconds):
+    """Sleep ``seconds``; note (name, start, end) in ``log``, which experiments read as spans."""
     start = time.perf_counter()
     time.sleep(seconds)
-    if _ACTIVE is not None:
-        _ACTIVE.add(name, start, time.perf_counter())
+    log.append((name, start, time.perf_counter()))
 
 
 class _Sleep(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, forward_s, backward_s):
-        ctx.backward_s = backward_s
-        _work("F", forward_s)
+    def forward(ctx, x, forward_s, backward_s, log):
+        ctx.backward_s, ctx.log = backward_s, log
+        _work(log, "F", forward_s)
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad):
-        _work("B", ctx.backward_s)
-        return grad, None, None
+        _work(ctx.log, "B", ctx.backward_s)
+        return grad, None, None, None
 
 
 class _WeightGradSleep(torch.autograd.Function):
@@ -64,14 +49,14 @@ class _WeightGradSleep(torch.autograd.Function):
     gradient, which is 0) takes ``seconds``, on a path that does not lead to the input."""
 
     @staticmethod
-    def forward(ctx, weight, like, seconds):
-        ctx.seconds = seconds
+    def forward(ctx, weight, like, seconds, log):
+        ctx.seconds, ctx.log = seconds, log
         return like.new_zeros(like.shape)
 
     @staticmethod
     def backward(ctx, grad):
-        _work("W", ctx.seconds)
-        return torch.zeros(()), None, None
+        _work(ctx.log, "W", ctx.seconds)
+        return torch.zeros(()), None, None, None
 
 
 class Delay(nn.Module):
@@ -79,11 +64,14 @@ class Delay(nn.Module):
 
     With ``weight_grad``, the backward's sleep is split evenly between the input gradient and
     the gradient of a zero parameter ``emulated_weight`` (always 0, so values are unchanged).
+    ``work_log`` lists every sleep as (kind "F", "B" or "W", start, end), for an experiment to
+    read and clear.
     """
 
     def __init__(self, ms_per_sample, weight_grad=False):
         super().__init__()
         self.ms_per_sample = float(ms_per_sample)
+        self.work_log = []
         if weight_grad:
             self.emulated_weight = nn.Parameter(torch.zeros(()))
 
@@ -92,9 +80,10 @@ class Delay(nn.Module):
             return x
         forward_s = self.ms_per_sample * x.shape[0] / 1e3
         if not hasattr(self, "emulated_weight"):
-            return _Sleep.apply(x, forward_s, 2 * forward_s)
-        return (_Sleep.apply(x, forward_s, forward_s)
-                + _WeightGradSleep.apply(self.emulated_weight, x.detach(), forward_s))
+            return _Sleep.apply(x, forward_s, 2 * forward_s, self.work_log)
+        return (_Sleep.apply(x, forward_s, forward_s, self.work_log)
+                + _WeightGradSleep.apply(self.emulated_weight, x.detach(), forward_s,
+                                         self.work_log))
 
 
 def make_pipeline_mlp(n_layers=8, width=32, in_features=16, out_features=4, layer_ms=None,

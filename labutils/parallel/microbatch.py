@@ -7,6 +7,7 @@ A stage can only run ahead if handing a micro-batch on does not wait for the nex
 the destination), so with ``send`` stage r waits, after each micro-batch, until stage r+1 has
 finished its previous one. ``dist.isend`` returns at once; the transfer completes when the
 receiver is ready, and we ``wait()`` on it at the end, before the tensor may be freed.
+The idle share this leaves is measured from outside in ``labutils.experiments.microbatch_idle``.
 """
 from __future__ import annotations
 
@@ -14,8 +15,7 @@ import torch
 import torch.distributed as dist
 
 from labutils.core.i18n import tr
-from labutils.core.timeline import Timeline
-from labutils.parallel.model_parallel import StageLayout, boundary_shapes
+from labutils.parallel.model_parallel import StageLayout
 
 
 def validate_microbatches(batch_size, n_microbatches):
@@ -27,17 +27,13 @@ def validate_microbatches(batch_size, n_microbatches):
                             m=n_microbatches, options=options))
 
 
-def microbatched_forward(rank, world_size, stages, x, n_microbatches, blocking=False, tl=None):
-    """Forward of the whole batch as ``n_microbatches`` micro-batches through one stage per
-    rank. ``blocking=True`` hands each output on with ``dist.send`` (stages cannot run ahead),
-    else with ``dist.isend``. Returns (output on the last rank, else None; this rank's spans)."""
-    validate_microbatches(x.shape[0], n_microbatches)
-    layout, stage = StageLayout(rank, world_size), stages[rank]
-    tl = tl if tl is not None else Timeline(rank)
-    x_mbs = x.chunk(n_microbatches)
-    in_shape = boundary_shapes(stages, x_mbs[0])[rank]
+def microbatched_forward(rank, world_size, stage, x_mbs, in_shape, blocking=False):
+    """Forward of the micro-batches ``x_mbs`` through one stage per rank (``in_shape``: this
+    stage's input for one micro-batch). ``blocking=True`` hands each output on with
+    ``dist.send`` (stages cannot run ahead), else with ``dist.isend``. Returns the output of
+    the whole batch on the last rank, else None."""
+    layout = StageLayout(rank, world_size)
     outputs, sends = [], []
-    dist.barrier()                                  # start the clocks together
     with torch.no_grad():
         for i, x_mb in enumerate(x_mbs):
             if layout.pp_is_first_stage:
@@ -45,8 +41,7 @@ def microbatched_forward(rank, world_size, stages, x, n_microbatches, blocking=F
             else:
                 stage_input = torch.empty(in_shape)
                 dist.recv(stage_input, src=layout.prev_rank, tag=i)
-            with tl.span("forward", label=i):      # compute only: waiting is idle time
-                out = stage(stage_input)
+            out = stage(stage_input)
             if layout.pp_is_last_stage:
                 outputs.append(out)
             elif blocking:
@@ -55,4 +50,4 @@ def microbatched_forward(rank, world_size, stages, x, n_microbatches, blocking=F
                 sends.append(dist.isend(out, dst=layout.next_rank, tag=i))  # runs ahead
     for work in sends:
         work.wait()                                 # `out` must live until it is sent
-    return (torch.cat(outputs) if outputs else None), tl.spans
+    return torch.cat(outputs) if outputs else None

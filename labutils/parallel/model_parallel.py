@@ -3,11 +3,12 @@
 Used by 05_model_parallel_principles; the splitting helpers and ``StageLayout`` are reused by
 ``labutils.parallel.microbatch`` (05) and ``labutils.parallel.pipeline`` (06a). Activations
 travel forward and gradients travel back with ``dist.send`` / ``dist.recv``; every result is
-checked against one process running the whole model (``reference_step``).
+checked against one process running the whole model (``reference_step``). What a run measures
+(its timeline, its messages, its memory) is attached from outside, in
+``labutils.experiments.model_parallel_runs`` and ``labutils.experiments.stage_memory``.
 """
 from __future__ import annotations
 
-import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -15,11 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from labutils.core.commcount import count_collectives
 from labutils.core.i18n import tr
-from labutils.core.launcher import launch
-from labutils.core.memory import measure_peak
-from labutils.core.timeline import Timeline
 
 
 @dataclass(frozen=True)
@@ -150,27 +147,9 @@ def boundary_shapes(stages, x):
     return shapes
 
 
-def sgd_step(module, lr):
-    """Plain SGD, written out: ``torch.optim`` would import torch._dynamo in every rank (seconds)."""
-    with torch.no_grad():
-        for p in module.parameters():
-            p -= lr * p.grad
-            p.grad = None
-
-
-def backward_from(output, grad_output):
-    """``output.backward(grad_output)``: the vector-Jacobian product through this stage.
-
-    Written as the gradient of the scalar sum(output * grad_output), which gives bit-identical
-    gradients (d/d output is grad_output times 1.0); a non-scalar ``.backward(grad)`` imports
-    sympy on first use, which costs several seconds in every freshly forked rank.
-    """
-    (output * grad_output).sum().backward()
-
-
 # ---- the lesson: forward sends activations, backward sends gradients ------------------------
 
-def naive_forward(layout, stage, x, in_shape, tl):
+def naive_forward(layout, stage, x, in_shape):
     """Receive this stage's input (or take the batch), run the stage, pass the output on."""
     if layout.pp_is_first_stage:
         stage_input = x
@@ -178,8 +157,7 @@ def naive_forward(layout, stage, x, in_shape, tl):
         stage_input = torch.empty(in_shape)
         dist.recv(stage_input, src=layout.prev_rank)
         stage_input.requires_grad_()          # we need d loss / d input to send it back
-    with tl.span("forward"):                  # compute only: waiting in recv is idle time
-        stage_output = stage(stage_input)
+    stage_output = stage(stage_input)
     if not layout.pp_is_last_stage:
         dist.send(stage_output.detach(), dst=layout.next_rank)
     return stage_input, stage_output
@@ -192,83 +170,47 @@ def naive_backward(rank, world_size, stage_input, stage_output, loss):
     else:
         grad_output = torch.empty_like(stage_output)
         dist.recv(grad_output, src=rank + 1)  # d loss / d (our output), from the next stage
-        backward_from(stage_output, grad_output)  # = stage_output.backward(grad_output)
+        stage_output.backward(grad_output)    # the vector-Jacobian product through this stage
     if rank > 0:
         dist.send(stage_input.grad, dst=rank - 1)
 
 
+def naive_train_step(layout, stage, x, y, in_shape, backward_fn=naive_backward):
+    """One training step's forward and backward on this stage: (output, loss or None)."""
+    stage_input, stage_output = naive_forward(layout, stage, x, in_shape)
+    loss = nn.functional.mse_loss(stage_output, y) if layout.pp_is_last_stage else None
+    backward_fn(layout.rank, layout.world_size, stage_input, stage_output, loss)
+    return stage_output.detach(), loss
+
+
 def naive_model_parallel_worker(rank, world_size, model_fn, x, y, shapes, sizes=None,
-                                steps=1, lr=0.05, backward_fn=naive_backward,
-                                measure_memory=False, count_messages=False):
-    """One stage per rank; ``steps`` SGD steps on the batch (x, y); a timeline of the work.
+                                steps=1, lr=0.05, backward_fn=naive_backward):
+    """One stage per rank; ``steps`` SGD steps on the batch (x, y).
 
     Returns a dict: ``losses`` and ``output`` (last stage only), ``grads`` of the first step
-    and ``params`` after the last, both by global parameter name, the ``spans``, and with
-    ``measure_memory`` this rank's ``peak_bytes``: its weights plus the measured peak of one
-    training step (``lu.memory.measure_peak``). ``step_spans``: the spans of each step.
-    ``count_messages``: ``messages``, the send/recv calls of the first step, by c10d op name.
+    and ``params`` after the last, both by global parameter name.
     """
     layout = StageLayout(rank, world_size)
     stage = split_model(model_fn(), world_size, sizes)[rank]
-    tl = Timeline(rank)
+    optimizer = torch.optim.SGD(stage.parameters(), lr=lr)
     losses, grads, output = [], None, None
-
-    def train_step():
-        stage_input, stage_output = naive_forward(layout, stage, x, shapes[rank], tl)
-        loss = nn.functional.mse_loss(stage_output, y) if layout.pp_is_last_stage else None
-        # The backward span runs from autograd reaching this stage's output (after the recv in
-        # backward_fn: waiting shows as idle) to the end of that pass, before backward_fn sends
-        # (a span covering the send could overlap the previous stage's, which starts on arrival)
-        began, ended = [time.perf_counter()], []
-
-        def reached(grads):
-            began.append(time.perf_counter())
-            torch.autograd.Variable._execution_engine.queue_callback(    # at the pass's end
-                lambda: ended.append(time.perf_counter()))
-        stage_output.grad_fn.register_prehook(reached)
-        backward_fn(rank, world_size, stage_input, stage_output, loss)
-        tl.add("backward", began[-1], ended[-1] if ended else time.perf_counter())
-        return stage_output.detach(), (loss.item() if loss is not None else None)
-
-    dist.barrier()                            # start the clocks together
-    peak, bounds = None, []
-    for step in range(steps):
-        first = len(tl.spans)
-        if measure_memory and step == 0:
-            (out, loss), peak = measure_peak(train_step)   # forward + backward
-            peak += weight_bytes(stage)
-        elif count_messages and step == 0:
-            with count_collectives() as counted:
-                out, loss = train_step()
-        else:
-            out, loss = train_step()
+    for _ in range(steps):
+        out, loss = naive_train_step(layout, stage, x, y, shapes[rank], backward_fn)
         if grads is None:
             grads = {n: p.grad.clone() for n, p in stage.named_parameters()}
             output = out if layout.pp_is_last_stage else None
-        if layout.pp_is_last_stage:
-            losses.append(loss)
-        sgd_step(stage, lr)
-        bounds.append((first, len(tl.spans)))
+        if loss is not None:
+            losses.append(loss.item())
+        optimizer.step()
+        optimizer.zero_grad()                 # set to None: the next backward makes them anew
     params = {n: p.detach().clone() for n, p in stage.named_parameters()}
-    return {"losses": losses, "output": output, "grads": grads, "params": params,
-            "spans": tl.spans, "step_spans": [tl.spans[a:b] for a, b in bounds],
-            "peak_bytes": peak, "messages": dict(counted.by_op) if count_messages else None}
-
-
-def weight_bytes(module):
-    return sum(p.numel() * p.element_size() for p in module.parameters())
-
-
-def single_process_peak(model_fn, x, y):
-    """Weights plus the measured peak of forward + backward of the whole model, one process."""
-    model = model_fn()
-    _, peak = measure_peak(lambda: nn.functional.mse_loss(model(x), y).backward())
-    return weight_bytes(model) + peak
+    return {"losses": losses, "output": output, "grads": grads, "params": params}
 
 
 def reference_step(model_fn, x, y, steps=1, lr=0.05):
     """The same training on one process: what every parallel version must reproduce."""
     model = model_fn()
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     losses, grads, output = [], None, None
     for _ in range(steps):
         out = model(x)
@@ -278,23 +220,10 @@ def reference_step(model_fn, x, y, steps=1, lr=0.05):
             grads = {n: p.grad.clone() for n, p in model.named_parameters()}
             output = out.detach()
         losses.append(loss.item())
-        sgd_step(model, lr)
+        optimizer.step()
+        optimizer.zero_grad()
     params = {n: p.detach().clone() for n, p in model.named_parameters()}
     return {"losses": losses, "output": output, "grads": grads, "params": params}
-
-
-def run_naive_model_parallel(model_fn, x, y, world_size=2, sizes=None, steps=1, lr=0.05,
-                             backward_fn=naive_backward, measure_memory=False, timeout=60.0,
-                             warn_oversubscription=True, count_messages=False):
-    """Check the split, then launch one stage per rank; returns the per-rank result dicts.
-    ``warn_oversubscription=False`` for runs that time nothing (see ``lu.launch``)."""
-    model = model_fn()
-    stages = split_model(model, world_size, sizes)   # raises before any process starts
-    shapes = boundary_shapes(stages, x)
-    return launch(naive_model_parallel_worker, model_fn, x, y, shapes, sizes=sizes, steps=steps,
-                  lr=lr, backward_fn=backward_fn, measure_memory=measure_memory,
-                  count_messages=count_messages, world_size=world_size, timeout=timeout,
-                  warn_oversubscription=warn_oversubscription)
 
 
 def merge_stage_results(results, key):

@@ -18,8 +18,6 @@ PyTorch has the same as ``torch.distributed._functional_collectives.all_to_all_s
 from __future__ import annotations
 
 import copy
-from contextlib import nullcontext
-from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -87,44 +85,26 @@ class MoE(nn.Module):
         return outputs, aux, routings
 
 
-@dataclass
-class AllToAllCounter:
-    """Rows and bytes this rank's all-to-alls sent to OTHER ranks (the slice to itself stays in
-    memory), counted from the split sizes actually passed, by phase."""
-    bytes: dict = field(default_factory=dict)
-    rows: dict = field(default_factory=dict)
-
-    def record(self, phase, send_counts, x):
-        me = dist.get_rank()
-        rows = sum(n for r, n in enumerate(send_counts) if r != me)
-        row_bytes = x[0].numel() * x.element_size() if x.dim() > 1 else x.element_size()
-        self.rows[phase] = self.rows.get(phase, 0) + rows
-        self.bytes[phase] = self.bytes.get(phase, 0) + rows * row_bytes
-
-
 class AllToAll(torch.autograd.Function):
     """``all_to_all_single`` with uneven splits; backward sends the gradients back the way the
     rows came (the reverse all-to-all: the split sizes swapped)."""
 
     @staticmethod
-    def forward(ctx, x, send_counts, recv_counts, counter, phase):
-        ctx.splits, ctx.counter, ctx.phase = (send_counts, recv_counts), counter, phase
-        return all_to_all(x, send_counts, recv_counts, counter, phase)
+    def forward(ctx, x, send_counts, recv_counts):
+        ctx.splits = (send_counts, recv_counts)
+        return all_to_all(x, send_counts, recv_counts)
 
     @staticmethod
     def backward(ctx, grad):
         send_counts, recv_counts = ctx.splits
-        grad = all_to_all(grad, recv_counts, send_counts, ctx.counter, ctx.phase + " backward")
-        return grad, None, None, None, None
+        return all_to_all(grad, recv_counts, send_counts), None, None
 
 
-def all_to_all(x, send_counts, recv_counts, counter=None, phase=""):
+def all_to_all(x, send_counts, recv_counts):
     """Rows ``x`` grouped by destination rank, ``send_counts[r]`` of them for rank ``r``; returns
     the ``sum(recv_counts)`` rows received, grouped by source rank."""
     out = x.new_empty((sum(recv_counts), *x.shape[1:]))
     dist.all_to_all_single(out, x.contiguous(), recv_counts, send_counts)
-    if counter is not None:
-        counter.record(phase, send_counts, x)
     return out
 
 
@@ -152,13 +132,12 @@ def run_local_experts(experts, rows, counts):
 
 class ExpertParallelMoE(nn.Module):
     """This rank's part of ``MoE``: a copy of the router (replicated: all-reduce its gradient as
-    data parallelism does) and experts ``rank * E/N .. (rank+1) * E/N - 1``. ``timeline``: an
-    optional ``core.timeline.Timeline`` that records the forward's phases as spans."""
+    data parallelism does) and experts ``rank * E/N .. (rank+1) * E/N - 1``."""
 
-    def __init__(self, reference, rank, world_size, counter=None, timeline=None):
+    def __init__(self, reference, rank, world_size):
         super().__init__()
         validate_expert_parallel(reference.num_experts, world_size)
-        self.rank, self.world_size, self.counter = rank, world_size, counter
+        self.rank, self.world_size = rank, world_size
         self.top_k, self.capacity_factor = reference.top_k, reference.capacity_factor
         self.num_experts = reference.num_experts
         local = self.num_experts // world_size
@@ -166,25 +145,19 @@ class ExpertParallelMoE(nn.Module):
         self.router = copy.deepcopy(reference.router)
         self.experts = nn.ModuleList(copy.deepcopy(reference.experts[e])
                                      for e in range(self.first, self.first + local))
-        self.span = timeline.span if timeline is not None else (lambda name: nullcontext())
 
     def forward(self, x):                                             # x: [T, h], own tokens
         """This rank's tokens through the layer: ``(output [T, h], aux loss, Routing)``."""
-        with self.span("route"):
-            r = route(x, self.router.weight, self.top_k, self.capacity_factor)
-            kept = r.keep.flatten().nonzero()[:, 0]                   # kept slots
-            experts = r.expert.flatten()[kept]
-            order, send_counts = dispatch_indices(experts, self.num_experts, self.world_size)
-            slots = kept[order]                                       # by rank, then expert
-            recv_counts = exchange_counts(                            # [N, E/N]
-                torch.bincount(experts, minlength=self.num_experts), self.world_size)
-            send, recv = send_counts.tolist(), recv_counts.sum(1).tolist()
-        with self.span("dispatch"):
-            rows = AllToAll.apply(x[slots // self.top_k], send, recv, self.counter, "dispatch")
-        with self.span("experts"):
-            out = run_local_experts(self.experts, rows, recv_counts)
-        with self.span("combine"):
-            back = AllToAll.apply(out, recv, send, self.counter, "combine")   # as `slots`
-            gate = r.gate.flatten()[slots, None]
-            y = x.index_add(0, slots // self.top_k, gate * back)
-        return y, r.aux_loss, r
+        r = route(x, self.router.weight, self.top_k, self.capacity_factor)
+        kept = r.keep.flatten().nonzero()[:, 0]                       # kept slots
+        experts = r.expert.flatten()[kept]
+        order, send_counts = dispatch_indices(experts, self.num_experts, self.world_size)
+        slots = kept[order]                                           # by rank, then expert
+        recv_counts = exchange_counts(                                # [N, E/N]
+            torch.bincount(experts, minlength=self.num_experts), self.world_size)
+        send, recv = send_counts.tolist(), recv_counts.sum(1).tolist()
+        rows = AllToAll.apply(x[slots // self.top_k], send, recv)     # dispatch
+        out = run_local_experts(self.experts, rows, recv_counts)
+        back = AllToAll.apply(out, recv, send)                        # combine, as `slots`
+        gate = r.gate.flatten()[slots, None]
+        return x.index_add(0, slots // self.top_k, gate * back), r.aux_loss, r

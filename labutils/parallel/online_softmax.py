@@ -61,12 +61,11 @@ def block_attention_backward(q, k, v, mask, lse, dout, delta):
     return dscores @ k * scale, dscores.transpose(-2, -1) @ q * scale, dv
 
 
-def attend_chunks(q, k, v, q_chunks, k_chunks, counts=None):
+def attend_chunks(q, k, v, q_chunks, k_chunks):
     """``block_attention`` of the local queries over one rank's key block, chunk by chunk:
     ``q_chunks`` and ``k_chunks`` are the global position ranges the blocks hold, in order
     (one range for a contiguous split, two for zig-zag). A pair of chunks that no query-key
-    pair of sees is skipped, so a rank's work is what the causal mask leaves. ``counts``
-    (a dict) adds up the visible pairs and the chunk pairs computed."""
+    pair of sees is skipped, so a rank's work is what the causal mask leaves."""
     outs, lses, q0 = [], [], 0
     for qr in q_chunks:
         q_part, q_pos = q[..., q0:q0 + len(qr), :], torch.arange(qr.start, qr.stop)
@@ -78,9 +77,6 @@ def attend_chunks(q, k, v, q_chunks, k_chunks, counts=None):
             k0 += len(kr)
             if not bool(mask.any()):
                 continue                                     # in the future: nothing to do
-            if counts is not None:
-                counts["pairs"] = counts.get("pairs", 0) + int(mask.sum())
-                counts["blocks"] = counts.get("blocks", 0) + 1
             o, lo = block_attention(q_part, k[..., sl, :], v[..., sl, :], mask)
             out, lse = (o, lo) if out is None else merge_attention_blocks(out, lse, o, lo)
         if out is None:                                      # this chunk sees none of the keys

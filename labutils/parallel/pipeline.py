@@ -6,31 +6,23 @@ schedule with blocking ``recv`` and non-blocking ``isend``, so a schedule whose 
 acyclic cannot deadlock. Gradients are accumulated over the micro-batches and checked against
 one process training on the whole batch. PyTorch's own ``torch.distributed.pipelining`` on the
 same stages is ``torch_pipeline``; layers whose compute is emulated (they sleep) are
-``emulated_stages``; the measured bubble is ``experiments.pipeline_bubble``, the
-checker ``exercises.lab06a`` and the benchmark ``bench.pipeline``.
+``emulated_stages``. Nothing here observes itself: launching, timelines and activation memory
+attach from outside in ``experiments.pipeline_runs``; the measured bubble is
+``experiments.pipeline_bubble``, the checker ``exercises.lab06a`` and the benchmark
+``bench.pipeline``.
 """
 from __future__ import annotations
-
-import contextlib
-from collections import Counter
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from labutils.core.i18n import tr
-from labutils.core.launcher import launch
-from labutils.core.memory import measure_peak
-from labutils.core.rank import progress
-from labutils.core.timeline import Timeline
 from labutils.cost.step_time import bubble_fraction as predicted_bubble  # (p-1)/(m+p-1)
-from labutils.parallel.emulated_stages import Delay, make_pipeline_mlp, recording
+from labutils.parallel.emulated_stages import Delay, make_pipeline_mlp
 from labutils.parallel.model_parallel import (
     StageLayout,
-    backward_from,
-    boundary_shapes,
     reference_step,
-    sgd_step,
     split_model,
     validate_sizes,
 )
@@ -38,14 +30,12 @@ from labutils.parallel.model_parallel import (
 __all__ = [
     "SCHEDULES",
     "Delay",
-    "SavedBytes",
     "gpipe_schedule",
     "make_pipeline_mlp",
     "one_f_one_b_schedule",
     "pipeline_worker",
     "predicted_bubble",
     "reference_train",
-    "run_pipeline",
     "run_schedule",
     "validate_config",
 ]
@@ -112,73 +102,18 @@ def received_before(prev_ops):
     return release
 
 
-class _Saved:
-    """What autograd keeps for one saved tensor while counted: freed with the graph."""
-    __slots__ = ("_release", "tensor")
-
-    def __init__(self, tensor, release):
-        self.tensor, self._release = tensor, release
-
-    def __del__(self):
-        self._release()
-
-
-class SavedBytes:
-    """Bytes autograd holds saved for backward on this rank, counted as they are saved and as
-    the graph frees them: the peak over a step (the pipeline's activation memory) and the most
-    micro-batches whose tensors were held at once. Each tensor region once, weights aside; a
-    micro-batch that is a view of the whole batch counts its own bytes. Works for any executor
-    (``run_schedule``, PyTorch's schedules): wrap its work in ``saving(label)``."""
-
-    def __init__(self, stage_modules):
-        modules = stage_modules if isinstance(stage_modules, (list, tuple)) else [stage_modules]
-        self.params = {p.untyped_storage().data_ptr() for m in modules for p in m.parameters()}
-        self.live, self.by_label = {}, Counter()   # region -> [bytes, holders]; label -> holders
-        self.bytes = self.peak_bytes = self.peak_microbatches = 0
-
-    @contextlib.contextmanager
-    def saving(self, label=None):
-        def pack(t):
-            if t.untyped_storage().data_ptr() in self.params:
-                return t
-            key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.numel())
-            entry = self.live.setdefault(key, [t.numel() * t.element_size(), 0])
-            self.bytes += entry[0] if entry[1] == 0 else 0
-            entry[1] += 1
-            self.by_label[label] += 1
-            self.peak_bytes = max(self.peak_bytes, self.bytes)
-            self.peak_microbatches = max(self.peak_microbatches, len(self.by_label))
-            return _Saved(t, lambda: self._release(key, label))
-
-        def unpack(saved):
-            return saved.tensor if isinstance(saved, _Saved) else saved
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-            yield self
-
-    def _release(self, key, label):
-        entry = self.live[key]
-        entry[1] -= 1
-        if entry[1] == 0:
-            self.bytes -= entry[0]
-            del self.live[key]
-        self.by_label[label] -= 1
-        if self.by_label[label] == 0:
-            del self.by_label[label]
-
-
-def run_schedule(ops, stage, layout, x_mbs, y_mbs, in_shape, tl, prev_ops=None,
-                 loss_fn=nn.functional.mse_loss, memory=None):
+def run_schedule(ops, stage, layout, x_mbs, y_mbs, in_shape, prev_ops=None,
+                 loss_fn=nn.functional.mse_loss):
     """Run one stage's ops; gradients accumulate in ``stage``'s .grad over the micro-batches.
     Returns the sum of micro-batch losses on the last stage (0 elsewhere).
 
     Tags are micro-batch indices, so a message can only meet the recv it was meant for.
     ``prev_ops`` (the previous stage's schedule) lets sent gradients be freed early (see
-    ``received_before``). ``memory``: a ``SavedBytes`` that counts activation memory.
+    ``received_before``).
     """
     m = len(x_mbs)
     release = received_before(prev_ops) if prev_ops is not None else {}
-    inputs, outputs = {}, {}
+    inputs, outputs = {}, {}                # kept from F(i) until B(i): the activations
     sent_forward, sent_backward = {}, {}    # isend handles by micro-batch
     total_loss = 0.0
     for op, i in ops:
@@ -188,33 +123,28 @@ def run_schedule(ops, stage, layout, x_mbs, y_mbs, in_shape, tl, prev_ops=None,
             else:
                 stage_input = torch.empty(in_shape)
                 dist.recv(stage_input, src=layout.prev_rank, tag=i)
-                stage_input.requires_grad_()
+                stage_input.requires_grad_()      # its gradient is what B(i) sends back
                 for j in release.get(i, ()) & sent_backward.keys():
                     sent_backward.pop(j).wait()
-            with tl.span("forward", label=i), \
-                    (memory.saving(i) if memory else contextlib.nullcontext()):
-                out = stage(stage_input)
-                if layout.pp_is_last_stage:   # mean over the batch = sum of means / m
-                    out = loss_fn(out, y_mbs[i]) / m
-            if layout.pp_is_last_stage:
+            out = stage(stage_input)
+            if layout.pp_is_last_stage:           # mean over the batch = sum of means / m
+                out = loss_fn(out, y_mbs[i]) / m
                 total_loss += out.item()
             else:
                 sent_forward[i] = dist.isend(out.detach(), dst=layout.next_rank, tag=i)
             inputs[i], outputs[i] = stage_input, out
         elif op == "B":
             stage_input, out = inputs.pop(i), outputs.pop(i)
-            if not layout.pp_is_last_stage:
+            if layout.pp_is_last_stage:
+                out.backward()
+            else:
                 grad_output = torch.empty_like(out)
                 dist.recv(grad_output, src=layout.next_rank, tag=i)
-                sent_forward.pop(i).wait()    # its gradient came back: it has arrived
-            with tl.span("backward", label=i):
-                if layout.pp_is_last_stage:
-                    out.backward()
-                else:
-                    backward_from(out, grad_output)
+                sent_forward.pop(i).wait()        # its gradient came back: it has arrived
+                out.backward(grad_output)
             if not layout.pp_is_first_stage:
                 sent_backward[i] = dist.isend(stage_input.grad, dst=layout.prev_rank, tag=i)
-            del stage_input, out          # the graph of micro-batch i can go now
+            del stage_input, out                  # the graph of micro-batch i can go now
         else:
             raise ValueError(f"unknown op {op!r} in schedule; use 'F' or 'B'")
     for work in [*sent_forward.values(), *sent_backward.values()]:
@@ -222,60 +152,34 @@ def run_schedule(ops, stage, layout, x_mbs, y_mbs, in_shape, tl, prev_ops=None,
     return total_loss
 
 
+def stage_schedules(schedule, rank, world_size, n_microbatches):
+    """This stage's ops and the previous stage's (None on the first stage)."""
+    schedule_fn = SCHEDULES[schedule] if isinstance(schedule, str) else schedule
+    prev_ops = schedule_fn(rank - 1, world_size, n_microbatches) if rank > 0 else None
+    return schedule_fn(rank, world_size, n_microbatches), prev_ops
+
+
 def pipeline_worker(rank, world_size, model_fn, x, y, shapes, schedule="1f1b", n_microbatches=4,
-                    sizes=None, steps=1, lr=0.05, measure_memory=False):
-    """Train ``steps`` SGD steps with a pipeline schedule; the last step is timed.
+                    sizes=None, steps=1, lr=0.05):
+    """Train ``steps`` SGD steps with a pipeline schedule.
 
     Returns a dict: ``losses`` (last stage), ``grads`` after the first step and ``params`` after
-    the last (by global name), ``spans`` of the last step (one per op, labelled by micro-batch),
-    its ``work_spans`` (the emulated work of ``Delay`` layers: "F", "B", "W"),
-    ``peak_microbatches`` and ``peak_activation_bytes`` (saved for backward, most at any one time
-    on this rank), and with ``measure_memory`` the last step's measured ``peak_bytes``
-    (``lu.memory.measure_peak``).
+    the last (by global name).
     """
     layout = StageLayout(rank, world_size)
     stage = split_model(model_fn(), world_size, sizes)[rank]
-    schedule_fn = SCHEDULES[schedule] if isinstance(schedule, str) else schedule
-    ops = schedule_fn(rank, world_size, n_microbatches)
-    prev_ops = None if layout.pp_is_first_stage else schedule_fn(rank - 1, world_size,
-                                                                 n_microbatches)
+    optimizer = torch.optim.SGD(stage.parameters(), lr=lr)
+    ops, prev_ops = stage_schedules(schedule, rank, world_size, n_microbatches)
     x_mbs, y_mbs = x.chunk(n_microbatches), y.chunk(n_microbatches)
-    in_shape = shapes[rank]
-    losses, grads, measured = [], None, None
-    for step in range(steps):
-        progress(step + 1, steps, "steps")  # rank 0 drives a panel's bar
-        tl = Timeline(rank)
-        dist.barrier()                 # every rank starts the step together
-        memory = SavedBytes(stage)
-        args = (ops, stage, layout, x_mbs, y_mbs, in_shape, tl, prev_ops)
-        with recording(Timeline(rank)) as work:
-            if measure_memory and step == steps - 1:
-                loss, measured = measure_peak(run_schedule, *args, memory=memory)
-            else:
-                loss = run_schedule(*args, memory=memory)
-        peak_held, peak_bytes = memory.peak_microbatches, memory.peak_bytes
+    losses, grads = [], None
+    for _ in range(steps):
+        losses.append(run_schedule(ops, stage, layout, x_mbs, y_mbs, shapes[rank], prev_ops))
         if grads is None:
             grads = {n: p.grad.clone() for n, p in stage.named_parameters()}
-        losses.append(loss)
-        sgd_step(stage, lr)
+        optimizer.step()
+        optimizer.zero_grad()
     return {"losses": losses if layout.pp_is_last_stage else [], "grads": grads,
-            "params": {n: p.detach().clone() for n, p in stage.named_parameters()},
-            "spans": tl.spans, "work_spans": work.spans, "peak_microbatches": peak_held,
-            "peak_activation_bytes": peak_bytes, "peak_bytes": measured}
-
-
-def run_pipeline(model_fn, x, y, world_size=2, schedule="1f1b", n_microbatches=4, sizes=None,
-                 steps=1, lr=0.05, measure_memory=False, timeout=120.0,
-                 warn_oversubscription=True):
-    """Validate, then launch one stage per rank; returns the per-rank result dicts.
-    ``warn_oversubscription=False`` for a run that times nothing (see ``lu.launch``)."""
-    model = model_fn()
-    sizes = validate_config(len(model), world_size, x.shape[0], n_microbatches, schedule, sizes)
-    shapes = boundary_shapes(split_model(model, world_size, sizes), x[:x.shape[0] // n_microbatches])
-    return launch(pipeline_worker, model_fn, x, y, shapes, schedule=schedule,
-                  n_microbatches=n_microbatches, sizes=sizes, steps=steps, lr=lr,
-                  measure_memory=measure_memory, world_size=world_size, timeout=timeout,
-                  warn_oversubscription=warn_oversubscription)
+            "params": {n: p.detach().clone() for n, p in stage.named_parameters()}}
 
 
 def reference_train(model_fn, x, y, steps=1, lr=0.05):

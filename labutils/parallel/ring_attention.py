@@ -9,7 +9,8 @@ on the current one, so sending and computing can overlap (``overlap=False`` post
 serial variant to compare with). The backward pass runs the ring again: each block's dK/dV
 accumulator follows one hop behind it, collects every rank's share and arrives back at its owner
 after N hops; it is waited for only after the next block's backward (as ring-flash-attention
-does), so only the last dK/dV hop has no compute to overlap. Sends are counted where issued.
+does), so only the last dK/dV hop has no compute to overlap. Nothing here counts or times:
+``experiments/ring_trace`` observes the ring from outside (the dispatcher sees every send).
 
 Causal attention gives rank r of a contiguous split r+1 blocks of work and the last rank N.
 The zig-zag split (used by ring-flash-attention's zigzag ring and by the context parallelism of
@@ -19,9 +20,7 @@ by assigning tokens round-robin instead: rank r holds positions r, r+N, r+2N, ..
 """
 from __future__ import annotations
 
-import contextlib
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -83,63 +82,24 @@ class RingLayout:
         return torch.cat(parts, dim=-2)[..., torch.argsort(order), :]
 
 
-@dataclass
-class RingRecord:
-    """What one rank's ring records when given one (every field optional to read):
-    ``timeline`` (a ``core.timeline.Timeline``) gets "compute block" and "wait for ..." spans;
-    ``pairs`` the visible query-key pairs and chunk pairs (``attend_chunks``' counts); ``sends``
-    calls and bytes per (phase, stream), counted where each isend is issued; ``flights`` each
-    forward K/V transfer's (posted, waited-for) times; ``events`` (phase, step, event) in the
-    order they happened, event one of "post K/V", "compute", "wait K/V", "wait dK/dV",
-    "post dK/dV"."""
-    timeline: object = None
-    pairs: dict = field(default_factory=dict)
-    sends: dict = field(default_factory=dict)
-    flights: list = field(default_factory=list)
-    events: list = field(default_factory=list)
-
-
-def _event(record, phase, step, what):
-    if record is not None:
-        record.events.append((phase, step, what))
-
-
-def ring_shift(t, rank, world_size, tag, record=None, phase="forward", step=None):
+def ring_shift(t, rank, world_size, tag):
     """Post: send ``t`` to the next rank, receive the previous rank's into a new buffer.
-    Returns (requests to wait on, the buffer, when posted). Nothing moves on a ring of one.
-    The send is counted in ``record.sends`` here, where it is issued."""
+    Returns (requests to wait on, the buffer). Nothing moves on a ring of one."""
     if world_size == 1:
-        return [], t, time.perf_counter()
+        return [], t
     buf, t = torch.empty_like(t), t.contiguous()
-    if record is not None:
-        stream = STREAMS[tag]
-        sent = record.sends.setdefault((phase, stream), {"calls": 0, "bytes": 0})
-        sent["calls"] += 1
-        sent["bytes"] += t.numel() * t.element_size()
-        _event(record, phase, step, f"post {stream}")
-    posted = time.perf_counter()
     reqs = [dist.irecv(buf, src=(rank - 1) % world_size, tag=tag),
             dist.isend(t, dst=(rank + 1) % world_size, tag=tag)]
-    return reqs, buf, posted
+    return reqs, buf
 
 
-def _span(record, name, label=""):
-    tl = record.timeline if record is not None else None
-    return tl.span(name, label=label) if tl is not None else contextlib.nullcontext()
+def wait(reqs):
+    """Block until the posted send and receive are done (the received buffer is ready)."""
+    for r in reqs:
+        r.wait()
 
 
-def _wait(reqs, record, phase, step, stream, posted=None):
-    """Wait for ``reqs``; record the wait as a span and event, and a forward K/V transfer's
-    flight (post to done)."""
-    with _span(record, f"wait for {stream}"):
-        for r in reqs:
-            r.wait()
-    _event(record, phase, step, f"wait {stream}")
-    if record is not None and posted is not None and reqs:
-        record.flights.append((posted, time.perf_counter()))
-
-
-def ring_attention_forward(q, k, v, layout, rank, record=None, overlap=True):
+def ring_attention_forward(q, k, v, layout, rank, overlap=True):
     """Causal attention of this rank's queries over the whole sequence: (out, lse) for the
     rank's positions. ``overlap=False`` is the serial variant, for comparison: each hop is
     posted only after computing, so nothing is in flight while the rank computes."""
@@ -150,21 +110,18 @@ def ring_attention_forward(q, k, v, layout, rank, record=None, overlap=True):
         src = (rank - step) % world_size          # whose block this rank holds now
         hop = step + 1 < world_size
         if hop and overlap:                       # post the next hop BEFORE computing
-            reqs, next_kv, posted = ring_shift(kv, rank, world_size, KV_TAG, record, step=step)
-        with _span(record, "compute block", label=src):
-            o, lo = attend_chunks(q, kv[0], kv[1], layout.chunks(rank), layout.chunks(src),
-                                  record.pairs if record is not None else None)
-        _event(record, "forward", step, "compute")
+            reqs, next_kv = ring_shift(kv, rank, world_size, KV_TAG)
+        o, lo = attend_chunks(q, kv[0], kv[1], layout.chunks(rank), layout.chunks(src))
         out, lse = (o, lo) if out is None else merge_attention_blocks(out, lse, o, lo)
         if hop and not overlap:                   # serial: post only now, then wait at once
-            reqs, next_kv, posted = ring_shift(kv, rank, world_size, KV_TAG, record, step=step)
+            reqs, next_kv = ring_shift(kv, rank, world_size, KV_TAG)
         if hop:
-            _wait(reqs, record, "forward", step, "K/V", posted)
+            wait(reqs)
             kv = next_kv
     return out, lse
 
 
-def ring_attention_backward(q, k, v, out, lse, dout, layout, rank, record=None):
+def ring_attention_backward(q, k, v, out, lse, dout, layout, rank):
     """(dq, dk, dv) of this rank's q, k, v: K/V go round the ring again, and each block's dK/dV
     accumulator follows one hop behind: every rank adds its share and passes it on; after N
     hops it is home. Both transfers overlap compute: the K/V hop is posted before the block's
@@ -178,23 +135,19 @@ def ring_attention_backward(q, k, v, out, lse, dout, layout, rank, record=None):
         src = (rank - step) % world_size
         hop = step + 1 < world_size
         if hop:                                   # post the next K/V hop BEFORE computing
-            kv_reqs, next_kv, _ = ring_shift(kv, rank, world_size, KV_TAG, record, "backward",
-                                             step)
-        with _span(record, "compute block", label=src):
-            g = attend_chunks_backward(q, kv[0], kv[1], layout.chunks(rank),
-                                       layout.chunks(src), lse, dout, delta)
-        _event(record, "backward", step, "compute")
+            kv_reqs, next_kv = ring_shift(kv, rank, world_size, KV_TAG)
+        g = attend_chunks_backward(q, kv[0], kv[1], layout.chunks(rank), layout.chunks(src),
+                                   lse, dout, delta)
         dq += g[0]
         dkv = torch.stack(g[1:])                  # this rank's share of block src's dK/dV
-        if grad_reqs is not None:                 # block src's accumulator, from rank - 1:
-            _wait(grad_reqs, record, "backward", step, "dK/dV")   # in flight while we computed
+        if grad_reqs is not None:                 # block src's accumulator, from rank - 1,
+            wait(grad_reqs)                       # in flight while we computed
             dkv = dkv + next_dkv
         if hop:
-            _wait(kv_reqs, record, "backward", step, "K/V")
+            wait(kv_reqs)
             kv = next_kv
-        grad_reqs, next_dkv, _ = ring_shift(dkv, rank, world_size, GRAD_TAG, record,
-                                            "backward", step)   # flies during the next block
-    _wait(grad_reqs, record, "backward", world_size, "dK/dV")   # home: our block's sum, exposed
+        grad_reqs, next_dkv = ring_shift(dkv, rank, world_size, GRAD_TAG)  # during next block
+    wait(grad_reqs)                               # home: our block's sum, exposed
     return dq, next_dkv[0], next_dkv[1]
 
 
@@ -202,24 +155,23 @@ class RingAttention(torch.autograd.Function):
     """Causal attention of this rank's (q, k, v) over the ring; backward by the ring too."""
 
     @staticmethod
-    def forward(ctx, q, k, v, layout, rank, record=None):
-        out, lse = ring_attention_forward(q, k, v, layout, rank, record)
+    def forward(ctx, q, k, v, layout, rank):
+        out, lse = ring_attention_forward(q, k, v, layout, rank)
         ctx.save_for_backward(q, k, v, out, lse)   # lse: the backward needs no second softmax
-        ctx.layout, ctx.rank, ctx.record = layout, rank, record
+        ctx.layout, ctx.rank = layout, rank
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = ring_attention_backward(q, k, v, out, lse, dout.contiguous(), ctx.layout,
-                                             ctx.rank, ctx.record)
-        return dq, dk, dv, None, None, None
+                                             ctx.rank)
+        return dq, dk, dv, None, None
 
 
-def ring_attention(q, k, v, layout, rank, record=None):
-    """Differentiable ring attention on the default process group (``record``: a RingRecord
-    that both passes add to)."""
-    return RingAttention.apply(q, k, v, layout, rank, record)
+def ring_attention(q, k, v, layout, rank):
+    """Differentiable ring attention on the default process group."""
+    return RingAttention.apply(q, k, v, layout, rank)
 
 
 def reference_attention(q, k, v):
@@ -231,22 +183,3 @@ def qkv(seq, heads=4, head_dim=16, batch=1, seed=0, dtype=torch.float64):
     """Full-sequence q, k, v and an upstream gradient, the same on every rank (one seed)."""
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(batch, heads, seq, head_dim, generator=g, dtype=dtype) for _ in range(4)]
-
-
-def equality_worker(rank, world_size, seq, kind, heads=4, head_dim=16, seed=0):
-    """Ring attention's output and q/k/v gradients on this rank, beside the single-process
-    reference's same positions (float64). Returns (ring, reference, record): dicts of tensors
-    and the rank's RingRecord (sends counted, events in order) of one forward and backward."""
-    layout = RingLayout(seq, world_size, kind)
-    q, k, v, dout = qkv(seq, heads, head_dim, seed=seed)
-    full = [t.clone().requires_grad_() for t in (q, k, v)]
-    y = reference_attention(*full)
-    y.backward(dout)
-    mine = [layout.shard(t, rank).requires_grad_() for t in (q, k, v)]
-    record = RingRecord()
-    out = ring_attention(*mine, layout, rank, record)
-    out.backward(layout.shard(dout, rank))
-    names = ("out", "dq", "dk", "dv")
-    ring = dict(zip(names, [out.detach()] + [t.grad for t in mine]))
-    ref = dict(zip(names, [layout.shard(t, rank) for t in [y.detach()] + [t.grad for t in full]]))
-    return ring, ref, record

@@ -14,9 +14,9 @@ operators:
 
 An all-reduce of a buffer has the same result as a reduce-scatter of it followed by an
 all-gather, so per phase the layer hands its collectives two sbh buffers to scatter and two
-sbh/t shards to gather where tensor parallelism handed two sbh buffers to all-reduce. The
-counter records what each call is given and returns (counted); what crosses the wire depends on
-the backend's algorithm and is only modelled (``sp_equivalence.ring_model_bytes``).
+sbh/t shards to gather where tensor parallelism handed two sbh buffers to all-reduce (counted
+at the dispatcher by ``sp_equivalence``); what crosses the wire depends on the backend's
+algorithm and is only modelled (``sp_equivalence.ring_model_bytes``).
 
 Memory: by default autograd keeps each column-parallel linear's all-gathered (whole-sequence)
 input for backward. ``regather=True`` does what Megatron does instead (``GatheredColumnLinear``):
@@ -30,8 +30,6 @@ sums them, as Megatron does once per step (a few H-sized vectors, independent of
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
-
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -39,7 +37,6 @@ from torch import nn
 
 from labutils.parallel.tensor_parallel import (
     MLP,
-    CommCounter,
     ParallelMLP,
     ParallelSelfAttention,
     SelfAttention,
@@ -60,44 +57,17 @@ def validate_sp_config(hidden, num_heads, seq_len, tp_world_size):
                          f"multiple of {tp_world_size}")
 
 
-@dataclass
-class PayloadCounter(CommCounter):
-    """06b's counter (bytes of the buffer handed to each call, per operator and phase), plus
-    ``payloads``: (op, phase, bytes handed in, bytes handed back) per call. 06b's all-reduces
-    record only what they are given: ``dist.all_reduce`` returns its result in that buffer."""
-    payloads: list = field(default_factory=list)
-
-    def add(self, op, phase, nbytes, returned=None):
-        super().add(op, phase, nbytes)
-        self.payloads.append((op, phase, int(nbytes), int(nbytes if returned is None
-                                                          else returned)))
-
-
-def _record(layout, op, phase, given, returned):
-    # Counted, not modelled: the buffers this call is handed and hands back (the wire traffic
-    # depends on gloo's algorithm, which this layer does not see).
-    if layout.counter is not None:
-        nbytes = given.numel() * given.element_size()
-        if isinstance(layout.counter, PayloadCounter):
-            layout.counter.add(op, phase, nbytes, returned.numel() * returned.element_size())
-        else:
-            layout.counter.add(op, phase, nbytes)
-
-
-def _all_gather(x, layout, phase):
+def _all_gather(x, layout):
     x = x.contiguous()
     parts = [torch.empty_like(x) for _ in range(layout.tp_world_size)]
     dist.all_gather(parts, x, group=layout.group)
-    out = torch.cat(parts, dim=SEQ_DIM)
-    _record(layout, "all_gather", phase, x, out)
-    return out
+    return torch.cat(parts, dim=SEQ_DIM)
 
 
-def _reduce_scatter(x, layout, phase):
+def _reduce_scatter(x, layout):
     chunks = [c.contiguous() for c in x.chunk(layout.tp_world_size, dim=SEQ_DIM)]
     out = torch.empty_like(chunks[layout.tp_rank])
     dist.reduce_scatter(out, chunks, group=layout.group)
-    _record(layout, "reduce_scatter", phase, x, out)
     return out
 
 
@@ -108,11 +78,11 @@ class GatherFromSequenceParallel(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, layout):
         ctx.layout = layout
-        return _all_gather(x, layout, "forward")
+        return _all_gather(x, layout)
 
     @staticmethod
     def backward(ctx, grad):
-        return _reduce_scatter(grad, ctx.layout, "backward"), None
+        return _reduce_scatter(grad, ctx.layout), None
 
 
 class ReduceScatterToSequenceParallel(torch.autograd.Function):
@@ -122,11 +92,11 @@ class ReduceScatterToSequenceParallel(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, layout):
         ctx.layout = layout
-        return _reduce_scatter(x, layout, "forward")
+        return _reduce_scatter(x, layout)
 
     @staticmethod
     def backward(ctx, grad):
-        return _all_gather(grad.contiguous(), ctx.layout, "backward"), None
+        return _all_gather(grad.contiguous(), ctx.layout), None
 
 
 class GatheredColumnLinear(torch.autograd.Function):
@@ -138,13 +108,13 @@ class GatheredColumnLinear(torch.autograd.Function):
     def forward(ctx, x, weight, bias, layout):
         ctx.layout = layout
         ctx.save_for_backward(x, weight)
-        return F.linear(_all_gather(x, layout, "forward"), weight, bias)
+        return F.linear(_all_gather(x, layout), weight, bias)
 
     @staticmethod
     def backward(ctx, grad):
         x, weight = ctx.saved_tensors
-        full = _all_gather(x, ctx.layout, "backward")   # the re-gather
-        grad_x = _reduce_scatter(grad @ weight, ctx.layout, "backward")
+        full = _all_gather(x, ctx.layout)   # the re-gather
+        grad_x = _reduce_scatter(grad @ weight, ctx.layout)
         grad_w = grad.reshape(-1, grad.shape[-1]).T @ full.reshape(-1, full.shape[-1])
         return grad_x, grad_w, grad.sum(dim=(0, 1)), None
 
@@ -240,14 +210,12 @@ def replicated_params(layer):
 
 
 def allreduce_replicated_grads(layer, layout):
-    """Sum the replicated parameters' shard gradients over the group (one flat all-reduce,
-    counted as phase ``"grads"``); nothing to do without sequence parallelism."""
+    """Sum the replicated parameters' shard gradients over the group (one flat all-reduce);
+    nothing to do without sequence parallelism."""
     if not layer.sp or layout.tp_world_size == 1:
         return
     params = replicated_params(layer)
     flat = torch.cat([p.grad.reshape(-1) for p in params])
-    if layout.counter is not None:   # the buffer handed in (the result comes back in it)
-        layout.counter.add("all_reduce", "grads", flat.numel() * flat.element_size())
     dist.all_reduce(flat, group=layout.group)
     for p, g in zip(params, flat.split([p.numel() for p in params])):
         p.grad.copy_(g.view_as(p))

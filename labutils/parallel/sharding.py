@@ -19,6 +19,8 @@ module hooks; ``Zero3`` here is the lesson-sized version: one ``autograd.Functio
 
 gloo on CPU runs ``reduce_scatter_single`` and ``all_gather_single`` (torch 2.13's names for
 ``reduce_scatter_tensor`` / ``all_gather_into_tensor``), checked by ``tests/test_sharding.py``.
+Nothing here counts or measures: ``experiments/zero_training.py`` observes the collectives
+(``core.commcount.count_collectives``) and the memory (``core.memory.LiveBytes``) from outside.
 """
 from __future__ import annotations
 
@@ -30,12 +32,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from labutils.parallel import zero_optimizer
-from labutils.parallel.tensor_parallel import CommCounter
 from labutils.parallel.zero_optimizer import ZeroOptimizer, flat_padded, padded  # noqa: F401
-
-# Volume in the paper's units: an all-reduce of n bytes is a reduce-scatter plus an
-# all-gather, each moving (N-1)/N * n per rank, so it counts twice (paper, section 7).
-VOLUME_FACTOR = {"all_reduce": 2, "reduce_scatter": 1, "all_gather": 1}
 
 
 @dataclass(frozen=True)
@@ -44,24 +41,18 @@ class ShardLayout:
     rank: int
     world_size: int
     group: object = None
-    counter: CommCounter | None = None
 
 
 def reduce_scatter_mean(full_flat, layout):
     """(padded numel,) summed over ranks -> this rank's shard, divided by world size."""
-    return zero_optimizer.reduce_scatter_mean(full_flat, layout.group, layout.counter)
+    return zero_optimizer.reduce_scatter_mean(full_flat, layout.group)
 
 
 def all_gather_flat(shard, layout):
     """This rank's shard -> the full (padded numel,) tensor, rank order."""
-    full = torch.empty(shard.numel() * layout.world_size, dtype=shard.dtype)
-    zero_optimizer.all_gather_into(full, shard, layout.group, layout.counter)
+    full = shard.new_empty(shard.numel() * layout.world_size)
+    zero_optimizer.all_gather_into(full, shard, layout.group)
     return full
-
-
-def _count(layout, op, full):
-    if layout.counter is not None:
-        layout.counter.add(op, "step", full.numel() * full.element_size())
 
 
 # ---- plain data parallelism: the reference ------------------------------------------------
@@ -75,7 +66,6 @@ class DataParallel:
 
     def step(self):
         for p in self.model.parameters():
-            _count(self.layout, "all_reduce", p.grad)
             dist.all_reduce(p.grad, group=self.layout.group)
             p.grad.div_(self.layout.world_size)
         self.opt.step()
@@ -96,8 +86,7 @@ class Zero12:
     def __init__(self, model, layout, lr, stage=1):
         self.model, self.layout, self.stage = model, layout, stage
         self.zero = ZeroOptimizer(model.parameters(), torch.optim.Adam, stage=stage,
-                                  group=layout.group, counter=layout.counter, lr=lr,
-                                  foreach=False)
+                                  group=layout.group, lr=lr, foreach=False)
         self.opt = self.zero.optim
         self.params, self.flats, self.shards = self.zero.params, self.zero.flats, self.zero.shards
 
@@ -195,11 +184,12 @@ def wrap(stage, model, layout, lr):
 # ---- what the paper predicts --------------------------------------------------------------
 
 def zero_volume_formula(stage):
-    """Communication per step in units of one copy of the parameters (paper, section 7)."""
+    """Communication per step in units of one copy of the parameters (paper, section 7): an
+    all-reduce is a reduce-scatter plus an all-gather (2), stage 3 gathers the weights twice."""
     return 3.0 if stage == 3 else 2.0
 
 
-# ---- training on real ranks -------------------------------------------------------------
+# ---- PyTorch's own ----------------------------------------------------------------------
 
 
 class FSDP2:

@@ -1,12 +1,10 @@
 """Splitting one matmul over ranks (05, the idea behind tensor parallelism): by columns of the
 weight (each rank a slice of the output, then all-gather) or by rows (each rank a partial sum,
-then all-reduce)."""
+then all-reduce). ``experiments.model_parallel_runs.run_split_matmul`` launches them."""
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-
-from labutils.core.launcher import launch
 
 
 def column_parallel_matmul(rank, world_size, x, w):
@@ -25,17 +23,3 @@ def row_parallel_matmul(rank, world_size, x, w):
     y = x_local @ w_local                               # (b, n), one share of the sum
     dist.all_reduce(y)
     return y
-
-
-def run_split_matmul(x, w, world_size=2, how="column"):
-    """Check shapes, then run one split matmul on real ranks; returns each rank's y."""
-    fns = {"column": column_parallel_matmul, "row": row_parallel_matmul}
-    if how not in fns:
-        raise ValueError(f"how must be 'column' or 'row'; got {how!r}")
-    dim, what = (w.shape[1], "columns of w") if how == "column" else (w.shape[0], "rows of w")
-    if x.shape[1] != w.shape[0]:
-        raise ValueError(f"x {tuple(x.shape)} @ w {tuple(w.shape)}: inner sizes differ")
-    if dim % world_size:
-        raise ValueError(f"{dim} {what} cannot be split evenly over {world_size} ranks: use a "
-                         f"world_size dividing {dim}")
-    return launch(fns[how], x, w, world_size=world_size)

@@ -17,29 +17,14 @@ weight-gradient matmul; see 06b section 6).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-# ---- layout and communication bookkeeping ---------------------------------------------
-
-@dataclass
-class CommCounter:
-    """Bytes handed to collectives, per (operator, phase): what a layer costs on the wire."""
-    records: list = field(default_factory=list)
-
-    def add(self, op, phase, nbytes):
-        self.records.append((op, phase, int(nbytes)))
-
-    def bytes(self, phase=None):
-        return sum(b for _, p, b in self.records if phase in (None, p))
-
-    def calls(self, phase=None):
-        return sum(1 for _, p, _ in self.records if phase in (None, p))
-
+# ---- layout -------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class TPLayout:
@@ -47,8 +32,6 @@ class TPLayout:
     tp_rank: int
     tp_world_size: int
     group: object = None
-    counter: CommCounter | None = None
-    timeline: object = None      # a ``lu.timeline.Timeline``: one ``allreduce`` span per call
 
 
 def validate_tp_config(hidden, num_heads=None, tp_world_size=2, ffn_hidden=None):
@@ -69,15 +52,9 @@ def validate_tp_config(hidden, num_heads=None, tp_world_size=2, ffn_hidden=None)
                          f"choose heads dividing the hidden size")
 
 
-def _all_reduce(x, layout, op_name, phase):
+def _all_reduce(x, layout):
     if layout.tp_world_size > 1:  # one rank holds everything: nothing to send
-        if layout.counter is not None:
-            layout.counter.add(op_name, phase, x.numel() * x.element_size())
-        if layout.timeline is None:
-            dist.all_reduce(x, group=layout.group)
-        else:
-            with layout.timeline.span("allreduce", label=op_name, phase=phase):
-                dist.all_reduce(x, group=layout.group)
+        dist.all_reduce(x, group=layout.group)
     return x
 
 
@@ -93,7 +70,7 @@ class CopyToTensorParallel(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return _all_reduce(grad.contiguous().clone(), ctx.layout, "f", "backward"), None
+        return _all_reduce(grad.contiguous().clone(), ctx.layout), None
 
 
 class ReduceFromTensorParallel(torch.autograd.Function):
@@ -101,7 +78,7 @@ class ReduceFromTensorParallel(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, layout):
-        return _all_reduce(x.contiguous().clone(), layout, "g", "forward")
+        return _all_reduce(x.contiguous().clone(), layout)
 
     @staticmethod
     def backward(ctx, grad):
@@ -114,8 +91,6 @@ class GatherFromTensorParallel(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, layout):
         ctx.layout = layout
-        if layout.counter is not None:
-            layout.counter.add("gather", "forward", x.numel() * x.element_size())
         parts = [torch.empty_like(x) for _ in range(layout.tp_world_size)]
         dist.all_gather(parts, x.contiguous(), group=layout.group)
         return torch.cat(parts, dim=-1)

@@ -40,31 +40,27 @@ def validate_ulysses_config(num_heads, world_size, seq_len=None):
                             world_size=world_size))
 
 
-def _all_to_all(send, rank, counter, phase, group):
+def _all_to_all(send, group):
     """``send`` is (N, ...): row j goes to rank j; returns (N, ...) with row j from rank j."""
-    if counter is not None:   # counted: the rows handed over for the other ranks (the equal
-        # split sizes all_to_all_single is given), whatever algorithm the backend delivers them by
-        counter.add("all_to_all", phase, (send.numel() - send[rank].numel())
-                    * send.element_size())
     send = send.contiguous()        # before empty_like, which would copy a view's strides
     recv = torch.empty_like(send)
     dist.all_to_all_single(recv, send, group=group)
     return recv
 
 
-def _seq_to_heads(x, rank, world_size, counter, phase, group):
+def _seq_to_heads(x, world_size, group):
     # (B, s/N, a, d) -> (B, s, a/N, d): send heads group j to rank j, receive positions from all
     B, s_local, a, d = x.shape
     send = x.reshape(B, s_local, world_size, a // world_size, d).permute(2, 0, 1, 3, 4)
-    recv = _all_to_all(send, rank, counter, phase, group)      # (N src, B, s/N, a/N, d)
+    recv = _all_to_all(send, group)                            # (N src, B, s/N, a/N, d)
     return recv.permute(1, 0, 2, 3, 4).reshape(B, world_size * s_local, a // world_size, d)
 
 
-def _heads_to_seq(x, rank, world_size, counter, phase, group):
+def _heads_to_seq(x, world_size, group):
     # (B, s, a/N, d) -> (B, s/N, a, d): send positions block j to rank j, receive its heads
     B, s, a_local, d = x.shape
     send = x.reshape(B, world_size, s // world_size, a_local, d).transpose(0, 1)
-    recv = _all_to_all(send, rank, counter, phase, group)      # (N src, B, s/N, a/N, d)
+    recv = _all_to_all(send, group)                            # (N src, B, s/N, a/N, d)
     return recv.permute(1, 2, 0, 3, 4).reshape(B, s // world_size, world_size * a_local, d)
 
 
@@ -73,47 +69,45 @@ class SeqToHeads(torch.autograd.Function):
     (an all-to-all is a permutation of blocks, so its gradient is the inverse permutation)."""
 
     @staticmethod
-    def forward(ctx, x, rank, world_size, counter=None, group=None):
-        ctx.args = (rank, world_size, counter, group)
-        return _seq_to_heads(x, rank, world_size, counter, "forward", group)
+    def forward(ctx, x, world_size, group=None):
+        ctx.args = (world_size, group)
+        return _seq_to_heads(x, world_size, group)
 
     @staticmethod
     def backward(ctx, grad):
-        rank, world_size, counter, group = ctx.args
-        return _heads_to_seq(grad, rank, world_size, counter, "backward", group), *[None] * 4
+        return _heads_to_seq(grad, *ctx.args), None, None
 
 
 class HeadsToSeq(torch.autograd.Function):
     """All-to-all from head shards back to sequence shards; backward goes the other way."""
 
     @staticmethod
-    def forward(ctx, x, rank, world_size, counter=None, group=None):
-        ctx.args = (rank, world_size, counter, group)
-        return _heads_to_seq(x, rank, world_size, counter, "forward", group)
+    def forward(ctx, x, world_size, group=None):
+        ctx.args = (world_size, group)
+        return _heads_to_seq(x, world_size, group)
 
     @staticmethod
     def backward(ctx, grad):
-        rank, world_size, counter, group = ctx.args
-        return _seq_to_heads(grad, rank, world_size, counter, "backward", group), *[None] * 4
+        return _seq_to_heads(grad, *ctx.args), None, None
 
 
 class UlyssesAttention(nn.Module):
     """06b's ``SelfAttention`` (its weights, replicated) on a sequence shard: input and output
     are this rank's (B, s/N, H) positions, attention runs on all s positions for a/N heads."""
 
-    def __init__(self, attn, rank, world_size, counter=None, group=None):
+    def __init__(self, attn, world_size, group=None):
         super().__init__()
         validate_ulysses_config(attn.num_heads, world_size)
         self.qkv, self.proj = copy.deepcopy(attn.qkv), copy.deepcopy(attn.proj)  # replicated
         self.num_heads = attn.num_heads
-        self.rank, self.world_size, self.counter, self.group = rank, world_size, counter, group
+        self.world_size, self.group = world_size, group
 
     def forward(self, x):
         B, s_local, H = x.shape
-        args = (self.rank, self.world_size, self.counter, self.group)
-        q, k, v = (SeqToHeads.apply(t.view(B, s_local, self.num_heads, -1), *args)
+        q, k, v = (SeqToHeads.apply(t.view(B, s_local, self.num_heads, -1), self.world_size,
+                                    self.group)
                    for t in self.qkv(x).chunk(3, dim=-1))         # each (B, s, a/N, d)
         y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
                                            v.transpose(1, 2), is_causal=True)
-        y = HeadsToSeq.apply(y.transpose(1, 2), *args)            # (B, s/N, a, d)
+        y = HeadsToSeq.apply(y.transpose(1, 2), self.world_size, self.group)  # (B, s/N, a, d)
         return self.proj(y.reshape(B, s_local, H))

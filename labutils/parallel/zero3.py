@@ -86,8 +86,8 @@ class Zero3Module(nn.Module):
 
     ``unit``: which submodules gather and free their parameters together (see the module
     docstring); ``None``: the whole model is one unit (all weights gathered at once).
-    ``compute_dtype``: dtype of the gathered weights (``None``: fp32). ``counter``: optional
-    ``add(op, phase, nbytes)`` object told of every collective (bytes of the full buffer).
+    ``compute_dtype``: dtype of the gathered weights (``None``: fp32). Collectives are
+    counted from outside (``core.commcount.count_collectives``).
     ``parameters()`` are this rank's fp32 master shards, one per unit: give them to any
     optimizer (and to ``zero_optimizer.clip_grad_norm_``); ``state_dict()`` holds them, per
     rank. The wrapped module keeps no ``nn.Parameter``: its weights become plain attributes,
@@ -96,9 +96,9 @@ class Zero3Module(nn.Module):
     ``shard``, ``full``) and ``gathered_bytes()`` show what is sharded and what is alive.
     """
 
-    def __init__(self, module, group=None, unit=None, compute_dtype=None, counter=None):
+    def __init__(self, module, group=None, unit=None, compute_dtype=None):
         super().__init__()
-        self.group, self.counter, self.compute_dtype = group, counter, compute_dtype
+        self.group, self.compute_dtype = group, compute_dtype
         rank, world_size = dist.get_rank(group), dist.get_world_size(group)
         self.module = module
         self.names = {id(p): n for n, p in module.named_parameters()}  # first name if tied
@@ -147,7 +147,7 @@ class Zero3Module(nn.Module):
             return
         u.full.untyped_storage().resize_(u.full.numel() * u.full.element_size())
         # write through .data: autograd must not see (and version-check) this refill
-        all_gather_into(u.full.data, u.shard.detach().to(u.full.dtype), self.group, self.counter)
+        all_gather_into(u.full.data, u.shard.detach().to(u.full.dtype), self.group)
 
     def _pre_forward(self, u, args, kwargs):
         self._gather(u)
@@ -167,7 +167,7 @@ class Zero3Module(nn.Module):
         self._free(u)
 
     def _reduce(self, u):
-        grad = reduce_scatter_mean(u.full.grad.float(), self.group, self.counter)
+        grad = reduce_scatter_mean(u.full.grad.float(), self.group)
         u.shard.grad = grad if u.shard.grad is None else u.shard.grad.add_(grad)
         u.full.grad = None
         self._free(u)

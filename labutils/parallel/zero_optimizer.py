@@ -51,22 +51,17 @@ def flat_padded(tensor, world_size):
     return flat
 
 
-def reduce_scatter_mean(full_flat, group=None, counter=None):
+def reduce_scatter_mean(full_flat, group=None):
     """(padded numel,) local tensor -> this rank's slice of its mean over the group's ranks."""
     world_size = dist.get_world_size(group)
-    if counter is not None:  # bytes of the full buffer the collective covers
-        counter.add("reduce_scatter", "step", full_flat.numel() * full_flat.element_size())
-    shard = torch.empty(full_flat.numel() // world_size, dtype=full_flat.dtype,
-                        device=full_flat.device)
+    shard = full_flat.new_empty(full_flat.numel() // world_size)
     dist.reduce_scatter_single(shard, full_flat.contiguous(), group=group)
     return shard.div_(world_size)  # gloo has no ReduceOp.AVG
 
 
-def all_gather_into(full_flat, shard, group=None, counter=None):
+def all_gather_into(full_flat, shard, group=None):
     """Every rank's ``shard`` into ``full_flat`` (rank order). ``shard`` may be a view of
     ``full_flat``: a collective's input and output must not overlap, so it is sent as a copy."""
-    if counter is not None:
-        counter.add("all_gather", "step", full_flat.numel() * full_flat.element_size())
     dist.all_gather_single(full_flat, shard.detach().clone(), group=group)
 
 
@@ -76,10 +71,11 @@ def clip_grad_norm_(shards, max_norm, group=None):
     L2 norm needs every rank's squares summed (one all-reduce of a scalar; padding adds zeros).
     Scales the shards' ``.grad`` in place; returns the norm before clipping, on every rank."""
     grads = [s.grad for s in shards if s.grad is not None]
-    squares = torch.zeros((), dtype=torch.float32,
-                          device=grads[0].device if grads else None)
+    # sum the squares in at least fp32: bf16 squares would lose the small gradients
+    acc = torch.promote_types(grads[0].dtype, torch.float32) if grads else torch.float32
+    squares = torch.zeros((), dtype=acc, device=grads[0].device if grads else None)
     for g in grads:
-        squares += g.float().pow(2).sum()
+        squares += g.to(acc).pow(2).sum()
     dist.all_reduce(squares, group=group)
     norm = squares.sqrt()
     scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)  # PyTorch's own formula
@@ -92,9 +88,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
     """``optimizer_class(**defaults)`` on this rank's shards, ZeRO stage 1 or 2 (see the module).
 
     ``params``: parameters or param-group dicts, as any optimizer (duplicates counted once).
-    ``group``: the data-parallel process group (``None``: the whole world).
-    ``counter``: optional object with ``add(op, phase, nbytes)`` (``tensor_parallel.CommCounter``)
-    told of every collective, with the bytes of the full (unsharded) buffer it covers.
+    ``group``: the data-parallel process group (``None``: the whole world). Its collectives
+    are counted from outside, as any (``core.commcount.count_collectives``).
 
     ``param_groups`` are the user's (full parameters): hyperparameters set there (``lr`` by a
     scheduler) reach the inner optimizer at the next ``step``. ``self.optim`` is the inner
@@ -105,11 +100,11 @@ class ZeroOptimizer(torch.optim.Optimizer):
     it into a ``ZeroOptimizer`` with the same world size, rank, stage and parameters.
     """
 
-    def __init__(self, params, optimizer_class, stage=1, group=None, counter=None, **defaults):
+    def __init__(self, params, optimizer_class, stage=1, group=None, **defaults):
         if stage not in (1, 2):
             raise ValueError(f"ZeroOptimizer does stages 1 and 2; got stage={stage!r} "
                              f"(stage 3 shards the weights too: use zero3.Zero3Module)")
-        self.stage, self.group, self.counter = stage, group, counter
+        self.stage, self.group = stage, group
         self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
         self.params, self.flats, self.shards, self._hooks = [], [], [], []
         self.optim = None  # built after the base class has registered every group
@@ -153,8 +148,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         return [self.shards[index[id(p)]] for p in group["params"]]
 
     def _shard_gradient(self, p, shard):
-        grad = reduce_scatter_mean(flat_padded(p.grad, self.world_size), self.group,
-                                   self.counter)
+        grad = reduce_scatter_mean(flat_padded(p.grad, self.world_size), self.group)
         # accumulate: several backward passes before one step sum their gradients
         shard.grad = grad if shard.grad is None else shard.grad.add_(grad)
         p.grad = None  # stage 2: the full gradient is gone before backward moves on
@@ -173,14 +167,14 @@ class ZeroOptimizer(torch.optim.Optimizer):
             inner.update({k: v for k, v in outer.items() if k != "params"})
         self.optim.step()
         for flat, shard in zip(self.flats, self.shards):
-            all_gather_into(flat, shard, self.group, self.counter)
+            all_gather_into(flat, shard, self.group)
         return loss
 
     def _shard_gradients(self):
         for p, shard in zip(self.params, self.shards):
             if p.grad is not None:  # None: already sharded (by clip_grad_norm_) or unused
                 shard.grad = reduce_scatter_mean(flat_padded(p.grad, self.world_size),
-                                                 self.group, self.counter)
+                                                 self.group)
                 p.grad = None  # the averaged gradient now exists as shards only
 
     def clip_grad_norm_(self, max_norm):

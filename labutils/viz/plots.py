@@ -75,10 +75,12 @@ def plot_lines(x, series, ax=None, xlabel="", ylabel="", title="", scale=1.0, lo
 
 
 def speedup(times_by_world_size, baseline=1):
-    """``{world_size: Stats of time per unit of work}`` -> ``{world_size: Stats of speedup}``
-    relative to ``baseline`` (median over median; min/max from the extreme pairs)."""
-    base = times_by_world_size[baseline]
-    return {p: base / t for p, t in times_by_world_size.items()}
+    """``{world_size: Stats of time per unit of work}``, timed in paired rounds (round i of
+    every world size ran side by side) -> ``{world_size: Stats of speedup}`` relative to
+    ``baseline``: the per-round ratios baseline_i / t_i."""
+    base = times_by_world_size[baseline].values
+    return {p: Stats.of([b / x for b, x in zip(base, t.values, strict=True)], t.rounds)
+            for p, t in times_by_world_size.items()}
 
 
 def efficiency(speedups, baseline=1):

@@ -8,7 +8,9 @@ from labutils.core.timeline import normalise
 DEFAULT_COLORS = {"forward": "tab:blue", "backward": "tab:green", "compute": "tab:blue",
                   "allreduce": "tab:red", "comm": "tab:red", "send": "tab:orange",
                   "recv": "tab:orange", "wait": "lightgrey", "idle": "lightgrey",
-                  "optimizer": "tab:purple"}
+                  "optimizer": "tab:purple", "transfer": "tab:red", "peer wait": "tab:pink"}
+# drawn on a rank's communication lane by plot_overlap (one gloo thread: they never overlap)
+COMM_NAMES = ("allreduce", "peer wait", "transfer")
 
 
 def plot_timeline(spans, ax=None, colors=None, title="", unit="ms"):
@@ -169,9 +171,10 @@ def _lane_axis(ax, lanes, names):
 
 def plot_overlap(spans, ax=None, title=""):
     """Gantt chart with two lanes per rank: compute (forward, backward, then the wait for the
-    last buckets) and communication.
-    Bucket labels show only where they fit in their bar and clear each other (buckets' spans
-    can overlap in time); the legend sits right of the axes."""
+    last buckets) and communication (``allreduce`` spans, or a bucket's ``peer wait`` and
+    ``transfer`` from ``lu.comm_spans``; its ``queue`` spans overlap each other and are not
+    drawn). Bucket labels show only where they fit in their bar and clear each other (buckets'
+    spans can overlap in time); the legend sits right of the axes."""
     import matplotlib.pyplot as plt
 
     spans = normalise(spans)
@@ -180,16 +183,19 @@ def plot_overlap(spans, ax=None, title=""):
         _, ax = plt.subplots(figsize=(10, 1.1 * len(ranks) + 1), layout="constrained")
     labelled = []
     for s in spans:
-        lane = s.rank * 2 + (1 if s.name == "allreduce" else 0)
+        if s.name == "queue":
+            continue
+        lane = s.rank * 2 + (1 if s.name in COMM_NAMES else 0)
         bar = ax.barh(lane, s.duration * 1e3, left=s.start * 1e3, height=0.8,
                       color=DEFAULT_COLORS.get(s.name, "grey"), edgecolor="black",
                       linewidth=0.3).patches[0]
-        if s.label and s.name == "allreduce":
+        if s.label and s.name in ("allreduce", "transfer"):
             labelled.append((bar, s.label))
     _label_bars(ax, labelled, fontsize=7)
     _lane_axis(ax, [2 * r + k for r in ranks for k in (0, 1)],
                [f"rank {r} {what}" for r in ranks for what in ("compute", "comm")])
-    names = [n for n in ("forward", "backward", "wait", "allreduce") if any(s.name == n for s in spans)]
+    names = [n for n in ("forward", "backward", "wait") + COMM_NAMES
+             if any(s.name == n for s in spans)]
     _legend_outside(ax, {n: DEFAULT_COLORS[n] for n in names})
     ax.set_xlabel("time (ms)")
     if title:
