@@ -236,7 +236,7 @@ def check(names: list[str] | None = None) -> tuple[list[str], list[str]]:
             problems.append(f"{lab}: no notebooks/zh/{lab}.ipynb; fix: make zh")
             continue
         committed = read_notebook(zh_path)
-        built = build_notebook(lab, en_nb, po, set(all_labs))
+        built = build_notebook(lab, en_nb, po, set(all_labs), verify=False)
         problems += [f"{lab}: notebooks/zh/{lab}.ipynb: {line}; fix: edit translations/zh/"
                      f"{lab}.po, not the notebook, then make zh"
                      for line in stale_cells(built, committed)]
@@ -302,10 +302,11 @@ def cell_text(cell: dict, entry) -> str:
 
 
 def build_notebook(lab: str, en_nb: dict, po: polib.POFile, lab_names: set[str] | None = None,
-                   old: dict | None = None) -> dict:
+                   old: dict | None = None, verify: bool = True) -> dict:
     """The Chinese notebook of ``lab`` from a catalog in step with ``en_nb``, with ``old``'s
-    outputs where its code is unchanged (see ``keep_outputs``). Raises CatalogError."""
-    problems = catalog_problems(lab, en_nb, po)
+    outputs where its code is unchanged (see ``keep_outputs``). Raises CatalogError unless
+    ``verify`` is false (the caller has checked)."""
+    problems = catalog_problems(lab, en_nb, po) if verify else []
     if problems:
         raise CatalogError(problems)
     lab_names = set(labs()) if lab_names is None else lab_names
