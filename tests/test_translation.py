@@ -76,8 +76,8 @@ def copy_tool(tmp_path):
     """The tool run on a copy of the repository (its tools, one lab's English notebook, catalog
     and committed Chinese notebook): what it writes lands in tmp_path."""
     (tmp_path / "tools").mkdir()
-    for name in ("zh_catalog.py", "zh_code.py", "zh_migrate.py"):
-        (tmp_path / "tools" / name).write_bytes((ROOT / "tools" / name).read_bytes())
+    for path in (ROOT / "tools").glob("zh_*.py"):
+        (tmp_path / "tools" / path.name).write_bytes(path.read_bytes())
     for rel in (f"notebooks/{LAB}.ipynb", f"notebooks/zh/{LAB}.ipynb",
                 f"translations/zh/{LAB}.po"):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
