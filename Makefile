@@ -14,7 +14,7 @@ NBVAL := --nbval --nbval-current-env --nbval-cell-timeout=600 --nbval-sanitize-w
 TORCH ?= cpu
 TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 
-.PHONY: lab test test-fast test-notebooks test-portable bench gpu-check venv clean zh
+.PHONY: lab test test-fast test-notebooks test-portable bench gpu-check venv clean zh release zh-check
 
 venv: $(STAMP)
 
@@ -67,15 +67,30 @@ endif
 	$(LAB_ENV) $(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1 --no-browser \
 		--ServerApp.root_dir=$(LAB_DIR) $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
 
-# The Chinese edition: notebooks/zh/ built from the English labs and translations/zh/ (the
-# catalogs; tools/zh_catalog.py), then executed. Run it after changing a lab or a translation.
+# The Chinese edition: notebooks/zh/ built from the English labs and translations/zh/<lab>.po
+# (gettext catalogs; tools/zh_catalog.py): the catalogs synced with the English (changed cells
+# fuzzy), the notebooks rebuilt, and only the labs whose code changed executed again (the others
+# keep their stored outputs). Run it after changing a lab or a translation.
 zh: $(STAMP)
 	$(PY) tools/zh_catalog.py execute
+
+# The translations' state: errors fail; fuzzy and untranslated cells only warn, with their count
+# and English diffs (the Chinese edition shows them under 「译文待更新」).
+zh-check: $(STAMP)
+	$(PY) tools/zh_catalog.py check
+	$(PY) tools/zh_messages.py check
+
+# Before tagging or publishing the site: no fuzzy or untranslated cell, the message catalogs
+# complete (msgfmt --check-format included), the Chinese edition's fast tests.
+release: $(STAMP)
+	$(PY) tools/zh_catalog.py check --release
+	$(PY) tools/zh_messages.py check
+	$(PY) -m pytest tests/test_translation.py tests/test_i18n.py -m "not slow and not browser"
 
 # Unit and multi-process tests, then every notebook under nbval, the Chinese edition
 # (notebooks/zh/) included: named explicitly, though pytest would also find it recursively.
 # CI (.ci/run) also runs test-portable.
-test: $(STAMP)
+test: $(STAMP) zh-check
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest tests
 	$(PY) -m pytest $(NBVAL) notebooks/*.ipynb notebooks/zh/*.ipynb

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from labutils.core import _zh, i18n, tables
+from labutils.core import i18n, tables
 from labutils.core.env import ROOT
 
 PACKAGE = os.path.dirname(os.path.abspath(__file__))
@@ -197,23 +197,30 @@ def rank_modules():
     return tuple(path for path in MODULES.values() if path.split(".")[1] in RANK_LAYERS)
 
 
+# The map's English text; its Chinese is in labutils/locale/zh.po under this msgctxt
+# (tools/zh_messages.py puts every header word, "shows" and "device" there).
+COURSE = "course map"
+HEADER = ("article chapter", "notebook", "labutils", "what it shows", "minutes on a laptop",
+          "CPU/GPU")
+COMING = "(coming)"
+
+
 def markdown_table(link_prefix="notebooks/", language="en"):
     """The labs as a Markdown table, in English or in Chinese ("zh", the map of the Chinese
-    edition: ``core/_zh.py``'s ``COURSE_*``); labs not written yet are marked as coming."""
+    edition); labs not written yet are marked as coming."""
     if language not in i18n.LANGUAGES:
         raise ValueError(f"no course map in {language!r}; the choices are "
                          f"{', '.join(repr(x) for x in i18n.LANGUAGES)}")
-    zh = language == "zh"
-    header = (_zh.COURSE_HEADER if zh else ("article chapter", "notebook", "labutils",
-                                             "what it shows", "minutes on a laptop", "CPU/GPU"))
+
+    def say(text):
+        return i18n.translate(text, language, context=COURSE)
     rows = []
     for lab in LABS:
         name = (f"[{lab.notebook}]({link_prefix}{lab.notebook}.ipynb)" if lab.exists
-                else f"{lab.notebook} {_zh.COURSE_COMING if zh else '(coming)'}")
+                else f"{lab.notebook} {say(COMING)}")
         rows.append((lab.chapter, name, ", ".join(f"`{m}`" for m in lab.modules),
-                     _zh.COURSE_SHOWS[lab.shows] if zh else lab.shows, lab.minutes,
-                     _zh.COURSE_DEVICES[lab.device] if zh else lab.device))
-    return tables.markdown_table(rows, header)
+                     say(lab.shows), lab.minutes, say(lab.device)))
+    return tables.markdown_table(rows, tuple(say(h) for h in HEADER))
 
 
 def show_map():

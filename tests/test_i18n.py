@@ -1,22 +1,24 @@
 """The language setting (``lu.set_language``): every sentence labutils writes into a notebook
-goes through ``core.i18n.tr`` with a literal English template, the Chinese catalog covers each
-one with the same placeholders and holds nothing else, and switching back to English gives the
-English text exactly (the committed English notebooks compare it under nbval)."""
+goes through ``core.i18n.tr`` with a literal English template, the Chinese catalogs
+(``labutils/<package>/locale/zh.po``, tools/zh_messages.py) cover each one with the same
+placeholders and hold nothing else, and switching back to English gives the English text exactly
+(the committed English notebooks compare it under nbval)."""
 from __future__ import annotations
 
 import ast
+import importlib.util
 import re
 import string
 import warnings
 from pathlib import Path
 
 import matplotlib
+import polib
 import pytest
 import torch.distributed as dist
 
 import labutils as lu
 from labutils.core import i18n
-from labutils.core._zh import MESSAGES
 from labutils.core.memory import TERMS
 from labutils.core.timeline import Span
 from labutils.core.timing import Stats, versus
@@ -31,6 +33,21 @@ matplotlib.use("Agg")
 
 PACKAGE = Path(lu.__file__).parent
 CJK = re.compile(r"[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]")
+CATALOGS = sorted(PACKAGE.glob("*/locale/zh.po")) + [PACKAGE / "locale" / "zh.po"]
+
+
+def _messages_tool():
+    path = PACKAGE.parent / "tools" / "zh_messages.py"
+    spec = importlib.util.spec_from_file_location("zh_messages", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+zm = _messages_tool()
+# {English template: Chinese} of the tr() entries (the course map's have a msgctxt)
+MESSAGES = {e.msgid: e.msgstr for path in CATALOGS for e in polib.pofile(str(path))
+            if not e.obsolete and e.msgctxt is None}
 
 
 @pytest.fixture(autouse=True)
@@ -69,8 +86,80 @@ def test_the_catalog_translates_every_template_and_nothing_else():
     used = {arg.value for _, _, arg in _tr_calls()}
     missing = sorted(used - set(MESSAGES))
     unused = sorted(set(MESSAGES) - used)
-    assert not missing, f"no Chinese for: {missing}"
+    assert not missing, f"no Chinese for: {missing} (python tools/zh_messages.py update)"
     assert not unused, f"catalog entries no code uses: {unused}"
+    untranslated = sorted(k for k, v in MESSAGES.items() if not v)
+    assert not untranslated, f"no Chinese for: {untranslated}"
+
+
+def test_babel_extracts_every_tr_call_the_syntax_tree_has():
+    """The catalogs are made by Babel's extractor: it must see each call (it does not look
+    inside f-strings, so a tr() there would go untranslated)."""
+    by_ast = {(str(path), arg.value) for path, _, arg in _tr_calls()}
+    by_babel = {(str(Path("labutils") / f), m) for m, files in zm.extract().items()
+                for f in files}
+    assert by_ast - by_babel == set(), "tr() inside an f-string? move the call out of it"
+    assert by_babel - by_ast == set()
+
+
+def test_each_template_lives_in_the_lowest_package_that_prints_it():
+    owner = {}
+    for path in CATALOGS:
+        for e in polib.pofile(str(path)):
+            if e.msgctxt is None and not e.obsolete:
+                assert e.msgid not in owner, f"{e.msgid!r} in {owner.get(e.msgid)} and {path}"
+                owner[e.msgid] = path.parent.parent.name
+    layers = lu.course.LAYERS
+    for message, files in zm.extract().items():
+        packages = {Path(f).parts[0] for f in files if len(Path(f).parts) > 1}
+        lowest = min(packages, key=layers.index) if packages else "labutils"
+        assert owner[message] == lowest, (message, files)
+
+
+def test_the_message_catalogs_pass_the_tool_check():
+    """tools/zh_messages.py check: in step with the code, all translated, placeholders equal."""
+    assert zm.check(msgfmt=False) == []
+
+
+@pytest.mark.slow
+def test_msgfmt_check_format_passes_the_catalogs_and_fails_a_wrong_placeholder(tmp_path):
+    """gettext's own check of python-brace-format entries (run by the tool in CI)."""
+    import shutil
+    import subprocess
+    if not shutil.which("msgfmt"):
+        pytest.skip("gettext's msgfmt is not installed")
+    for path in CATALOGS:
+        done = subprocess.run(["msgfmt", "--check-format", "-o", "/dev/null", str(path)],
+                              capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+    catalog = zm.new_catalog()
+    catalog.add("expected {e}, got {g}", "应为 {e}，实际为 {x}")
+    (tmp_path / "zh.po").write_text(zm.render(catalog), encoding="utf-8")
+    assert "msgfmt --check-format" in " ".join(zm.catalog_problems(tmp_path / "zh.po"))
+
+
+def test_the_format_check_names_a_wrong_placeholder(tmp_path):
+    path = tmp_path / "zh.po"
+    catalog = zm.new_catalog()
+    catalog.add("expected {e}, got {g}", "应为 {e}，实际为 {x}")
+    path.write_text(zm.render(catalog), encoding="utf-8")
+    assert "#, python-brace-format" in path.read_text(encoding="utf-8")
+    problems = zm.catalog_problems(path, msgfmt=False)
+    assert problems and "['e', 'x']" in problems[0], problems
+    right = zm.new_catalog()
+    right.add("expected {e}, got {g}", "应为 {e}，实际为 {g}")
+    path.write_text(zm.render(right), encoding="utf-8")
+    assert zm.catalog_problems(path, msgfmt=False) == []
+
+
+def test_a_fuzzy_entry_falls_back_to_english_as_in_gettext(tmp_path, monkeypatch):
+    catalog = zm.new_catalog()
+    catalog.add("expected {e}, got {g}", "应为 {e}，实际为 {g}", flags=("fuzzy",))
+    catalog.add("none", "无")
+    (tmp_path / "core" / "locale").mkdir(parents=True)
+    (tmp_path / "core" / "locale" / "zh.po").write_text(zm.render(catalog), encoding="utf-8")
+    monkeypatch.setattr(i18n, "_PACKAGE", tmp_path)
+    assert i18n._load("zh") == {(None, "none"): "无"}
 
 
 @pytest.mark.parametrize("template", sorted(MESSAGES))

@@ -31,8 +31,9 @@ class EnvReport:
 
     def lines(self):
         gpus = ", ".join(self.gpus) if self.gpus else tr("none")
-        backends = ", ".join(f"{k} {tr('yes') if v else tr('no')}"
-                             for k, v in self.backends.items())
+        # outside the f-string: Babel's extractor (tools/zh_messages.py) reads no call inside one
+        yes, no = tr("yes"), tr("no")
+        backends = ", ".join(f"{k} {yes if v else no}" for k, v in self.backends.items())
         sizes = ", ".join(map(str, self.recommended_world_sizes))
         per = (tr("one rank per core or GPU; more ranks share cores") if self.gpus else
                tr("one rank per core; more ranks share cores"))

@@ -2,10 +2,14 @@
 panel labels, machine reports. ``lu.set_language("zh")`` is the first code cell of every
 Chinese notebook; English is the default, and its text is the literal in the code.
 
-``tr("expected {e}, got {g}", e=1, g=2)`` returns the template, or its Chinese version from
-``core/_zh.py``, formatted with ``str.format``; both versions use the same placeholder names
-(a test checks, and that every literal passed to ``tr`` has a Chinese version). Numbers, code
-and API names are values or stay as they are in both languages.
+``tr("expected {e}, got {g}", e=1, g=2)`` returns the template, or its Chinese version, formatted
+with ``str.format``; both versions use the same placeholder names. The Chinese lives beside the
+code that prints it: ``labutils/<package>/locale/zh.po``, gettext catalogs that
+tools/zh_messages.py extracts from the ``tr`` calls (tests/test_i18n.py checks that every
+literal passed to ``tr`` has a translation with the same placeholders). They are read here with
+polib, once, at import: no compiled .mo to keep in step with the .po, and the ranks, forked from
+a forkserver that imported core, inherit the table. As in gettext, a fuzzy or untranslated
+entry falls back to the English. Numbers, code and API names stay as they are in both languages.
 
 The language is a setting of this process. Ranks fork from a forkserver that started earlier,
 so they do not see a later ``set_language``: code that composes a message on the ranks passes
@@ -13,10 +17,23 @@ so they do not see a later ``set_language``: code that composes a message on the
 """
 from __future__ import annotations
 
-from labutils.core._zh import MESSAGES as _ZH
+from pathlib import Path
+
+import polib
 
 LANGUAGES = ("en", "zh")
-_CATALOGS = {"en": {}, "zh": _ZH}
+_PACKAGE = Path(__file__).resolve().parent.parent
+
+
+def _load(language):
+    """{(msgctxt, English): translation} of every translated entry of labutils' catalogs."""
+    paths = sorted(_PACKAGE.glob(f"*/locale/{language}.po")) + [
+        _PACKAGE / "locale" / f"{language}.po"]
+    return {(e.msgctxt, e.msgid): e.msgstr for path in paths if path.exists()
+            for e in polib.pofile(str(path)) if e.translated()}  # not fuzzy, not obsolete
+
+
+_CATALOGS = {"en": {}, "zh": _load("zh")}
 _current = "en"
 
 
@@ -34,7 +51,13 @@ def language():
     return _current
 
 
+def translate(text, language=None, context=None):
+    """``text`` in ``language`` (default: the current one), unformatted; ``context`` is the
+    catalog's msgctxt (the course map's text has one). English when there is no translation."""
+    return _CATALOGS[language or _current].get((context, text), text)
+
+
 def tr(template, **values):
     """``template`` (English) in the current language, formatted with ``values``. A template
     without a translation falls back to English (the catalog test keeps that from happening)."""
-    return _CATALOGS[_current].get(template, template).format(**values)
+    return translate(template).format(**values)

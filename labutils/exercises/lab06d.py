@@ -1,7 +1,7 @@
 """Exercise checkers of lab 06d: which rank each slot of a mixture-of-experts layer is sent to;
 merging two key blocks' attention with the online softmax (ring attention). Registered in
 ``labutils.course``; notebooks call them as ``lu.check_<name>``. Every sentence a student reads
-goes through ``tr`` (lab 06d's part of ``core/_zh.py``)."""
+goes through ``tr`` (its Chinese: ``exercises/locale/zh.po``)."""
 import random
 
 import torch
