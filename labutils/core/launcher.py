@@ -93,6 +93,13 @@ def resolve_backend(backend, world_size):
 # Caller side.
 
 
+class OversubscriptionWarning(UserWarning):
+    """More ranks than cores: the ranks share cores, so timings measure the sharing."""
+
+
+_WARNED = {}  # warnings' registry for OversubscriptionWarning: once per message
+
+
 def launch(fn, *args, world_size=2, backend="auto", timeout=120.0, threads_per_rank=None,
            warn_oversubscription=True, **kwargs):
     """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` real processes.
@@ -113,9 +120,12 @@ def launch(fn, *args, world_size=2, backend="auto", timeout=120.0, threads_per_r
     backend = resolve_backend(backend, world_size)
     cores = cpu_count()
     if warn_oversubscription and world_size > cores:
-        warnings.warn(tr("{world_size} ranks on {cores} cores: ranks will share cores "
-                         "(oversubscription), so timings will be slower than with {cores} "
-                         "ranks", world_size=world_size, cores=cores), stacklevel=2)
+        # one plain line in the cell, without this machine's file path: named for lu.launch,
+        # shown once per message in a kernel (the registry), as warnings.warn would per line
+        warnings.warn_explicit(tr("{world_size} ranks on {cores} cores: ranks will share cores "
+                                  "(oversubscription), so timings will be slower than with "
+                                  "{cores} ranks", world_size=world_size, cores=cores),
+                               OversubscriptionWarning, "lu.launch", 0, registry=_WARNED)
     threads = threads_per_rank or _env_threads() or max(1, cores // world_size)
     job = _Job(fn, args, kwargs, world_size, backend, float(timeout), threads)
     in_cell = threading.current_thread() is threading.main_thread() and job.sink is None
