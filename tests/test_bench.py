@@ -52,8 +52,12 @@ def test_quick_suite_runs_every_registered_benchmark(tmp_path):
     assert {r["benchmark"] for r in data["rows"]} == set(bench.BENCHMARKS)
     for r in data["rows"]:
         assert r["figure"] and isinstance(r["value"], (dict, float, int, str))
-        if isinstance(r["value"], dict):
-            assert r["value"]["min"] <= r["value"]["median"] <= r["value"]["max"]
+        v = r["value"]
+        if isinstance(v, dict) and "ratio" in v:     # a paired ratio with its 95% interval
+            lo, hi = v["ci95"]                       # nan: too few rounds (--quick) for 95%
+            assert len(v["n"]) in (1, 2) and (lo != lo or lo <= v["ratio"] <= hi)
+        elif isinstance(v, dict):
+            assert v["min"] <= v["median"] <= v["max"]
     table = (out / "bench.md").read_text()
     assert table.count("\n| ") == len(data["rows"]) + 1  # header + one line per row
     assert data["machine"] in proc.stdout
