@@ -9,6 +9,11 @@ from torch import nn
 import labutils as lu
 
 STEPS, BATCH, SEED = 3, 12, 0
+# float64 throughout: data parallelism sums each gradient in another order than one process,
+# and in float64 any order agrees to ~1e-16 relative, so assert_close's float64 defaults
+# (1e-7) hold on every CPU and math library while a missing 1/world_size or a wrong shard
+# stays many orders beyond them. Where both sides sum 2 values (a + b == b + a), bitwise.
+DTYPE = torch.float64
 
 
 class Net(nn.Module):
@@ -33,8 +38,8 @@ class Net(nn.Module):
 def _batches(d_in=16, d_out=4):
     """The same regression batches in every process."""
     g = torch.Generator().manual_seed(SEED + 1)
-    return [(torch.randn(BATCH, d_in, generator=g), torch.randn(BATCH, d_out, generator=g))
-            for _ in range(STEPS)]
+    return [(torch.randn(BATCH, d_in, generator=g, dtype=DTYPE),
+             torch.randn(BATCH, d_out, generator=g, dtype=DTYPE)) for _ in range(STEPS)]
 
 
 def _step_loss(model, X, y, use_aux):
@@ -46,7 +51,7 @@ def _reference(use_aux_fn):
     and the final weights. The batch mean over the whole batch equals the mean over ranks of
     equal-sized shard means, so this is what every data-parallel version must reproduce."""
     torch.manual_seed(SEED)
-    model = Net()
+    model = Net().to(DTYPE)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     grads = []
     for step, (X, y) in enumerate(_batches()):
@@ -62,7 +67,7 @@ def _train_shard(rank, world_size, wrap, use_aux_fn, after_backward=None):
     """Train Net on this rank's shard, wrapped by ``wrap(model)``; per-step gradients as
     the optimiser sees them, and the final weights."""
     torch.manual_seed(SEED)
-    model = Net()
+    model = Net().to(DTYPE)
     wrapped = wrap(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     shard = BATCH // world_size
@@ -87,7 +92,7 @@ def _aux_never(step):
     return False
 
 
-def _assert_grads_equal(got, expected, label):
+def _assert_grads_equal(got, expected, label, exact=False):
     for step, (g, e) in enumerate(zip(got, expected, strict=True)):
         assert g.keys() == e.keys()
         for name in e:
@@ -96,7 +101,10 @@ def _assert_grads_equal(got, expected, label):
                 assert g[name] is None, f"{where}: expected no gradient"
             else:
                 assert g[name] is not None, f"{where}: gradient missing"
-                torch.testing.assert_close(g[name], e[name], msg=lambda m, w=where: f"{w}: {m}")
+                if exact:
+                    assert torch.equal(g[name], e[name]), f"{where}: not bitwise equal"
+                else:
+                    torch.testing.assert_close(g[name], e[name], msg=lambda m, w=where: f"{w}: {m}")
 
 
 # ---- (a) the shared-memory all-reduce as BucketedDDP's comm hook --------------------------
@@ -143,9 +151,11 @@ def test_shm_hook_in_bucketed_ddp_equals_gloo_and_single_process():
         assert counts["shm_chunks"] > counts["allreduces"], counts
         _assert_grads_equal(shm_grads, ref_grads, f"shm hook, rank {rank}")
         _assert_grads_equal(gloo_grads, ref_grads, f"gloo hook, rank {rank}")
-        _assert_grads_equal(shm_grads, gloo_grads, f"shm vs gloo, rank {rank}")
+        # both sum the same 2 per-rank buckets and divide by 2: the same bits
+        _assert_grads_equal(shm_grads, gloo_grads, f"shm vs gloo, rank {rank}", exact=True)
         torch.testing.assert_close(shm_w, ref_weights)
-        torch.testing.assert_close(shm_w, gloo_w)
+        for name, value in gloo_w.items():
+            assert torch.equal(shm_w[name], value), f"shm vs gloo, rank {rank}, {name}"
     for name, value in results[0][1][1].items():  # replicas identical, bit for bit
         assert torch.equal(results[1][1][1][name], value), name
 
@@ -179,6 +189,6 @@ def test_hooked_ddp_parameter_unused_everywhere_keeps_no_grad():
         torch.testing.assert_close(weights, ref_weights)
     # aux never moved: still its initial value on every rank
     torch.manual_seed(SEED)
-    init = Net()
+    init = Net().to(DTYPE)
     for (_, weights), _ in results:
         assert torch.equal(weights["aux.weight"], init.aux.weight.detach())

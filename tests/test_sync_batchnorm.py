@@ -124,3 +124,13 @@ def _stub(x):
 }))
 def test_checker_accepts_reference_and_rejects_mistakes(answer, verdict):
     assert_check(lu.check_sync_batch_stats, answer, verdict)
+
+
+def test_convert_keeps_the_layers_dtype_and_state():
+    bn = nn.BatchNorm1d(3).double()
+    bn.running_mean += 1.5
+    sync = S.SyncBatchNorm.convert(nn.Sequential(bn))[0]
+    assert isinstance(sync, S.SyncBatchNorm)
+    assert sync.weight.dtype == sync.running_mean.dtype == torch.float64
+    assert torch.equal(sync.running_mean, bn.running_mean)
+    assert isinstance(sync.weight, nn.Parameter) and sync.weight.requires_grad

@@ -73,11 +73,15 @@ def sync_gradients(model):
 
 
 def _sync_gradients_harness(rank, world_size, learner_fn, seed, aux_pattern, steps=3):
+    # float64: the ranks sum in another order than one process; in float64 the difference
+    # (~1e-16 relative) stays far inside the tolerance on every CPU, a wrong average does not
     expected = train_reference(steps=steps, batch_size=6 * world_size, seed=seed,
-                               aux_pattern=aux_pattern, world_size=world_size)
+                               aux_pattern=aux_pattern, world_size=world_size,
+                               dtype=torch.float64)
     got, counts = train_data_parallel(rank, world_size, "custom", steps=steps,
                                       batch_size=6 * world_size, seed=seed,
-                                      aux_pattern=aux_pattern, sync=learner_fn)
+                                      aux_pattern=aux_pattern, sync=learner_fn,
+                                      dtype=torch.float64)
     weights = tr("weights")
     calls = tr("all-reduce calls: at most 2 per step (usage flags, then one flat buffer)")
     return ({weights: expected, calls: True},

@@ -147,10 +147,10 @@ def batchnorm_training(mode, epochs=3, batch_size=8, lr=0.1, seed=0, world_size=
                   warn_oversubscription=False)
 
 
-def _bn_step_worker(rank, world_size, sync, batch, seed):
+def _bn_step_worker(rank, world_size, sync, batch, seed, dtype):
     X, y, _, _ = _data()
-    xs, ys = class_shard(X[:batch], y[:batch], rank, world_size)
-    net = make_bn_net(seed)
+    xs, ys = class_shard(X[:batch].to(dtype), y[:batch], rank, world_size)
+    net = make_bn_net(seed).to(dtype)
     if sync:
         net = SyncBatchNorm.convert(net)
     out = net(xs)
@@ -161,19 +161,20 @@ def _bn_step_worker(rank, world_size, sync, batch, seed):
             "running_var": net[1].running_var.clone(), "grads": [p.grad for p in params]}
 
 
-def batchnorm_step(sync, batch=96, seed=0, world_size=2):
+def batchnorm_step(sync, batch=96, seed=0, world_size=2, dtype=torch.float32):
     """One step on ``batch`` class-sorted samples split over the ranks (``batch`` divisible by
     ``world_size``); and the same step in this process on the whole batch. Returns
-    (per-rank results, reference dict with the same keys)."""
+    (per-rank results, reference dict with the same keys). ``dtype=torch.float64`` for
+    equality checks: the ranks sum the statistics in another order than one process."""
     if batch % world_size:
         raise ValueError(f"batch={batch} must be divisible by world_size={world_size}")
-    ranks = launch(_bn_step_worker, sync, batch, seed, world_size=world_size,
+    ranks = launch(_bn_step_worker, sync, batch, seed, dtype, world_size=world_size,
                    warn_oversubscription=False)
     X, y, _, _ = _data()
     xs, ys = map(torch.cat, zip(*(class_shard(X[:batch], y[:batch], r, world_size)
                                   for r in range(world_size))))
-    net = make_bn_net(seed)
-    out = net(xs)
+    net = make_bn_net(seed).to(dtype)
+    out = net(xs.to(dtype))
     F.cross_entropy(out, ys).backward()
     ref = {"out": out.detach(), "running_mean": net[1].running_mean.clone(),
            "running_var": net[1].running_var.clone(),

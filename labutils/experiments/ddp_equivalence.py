@@ -29,11 +29,11 @@ class MixedNet(nn.Module):
         return out + self.aux(h) if use_aux else out
 
 
-def make_batches(steps, batch_size, d_in=16, d_out=4, seed=0):
+def make_batches(steps, batch_size, d_in=16, d_out=4, seed=0, dtype=torch.float32):
     """Deterministic regression batches: a list of (X, y), the same in every process."""
     g = torch.Generator().manual_seed(seed)
-    return [(torch.randn(batch_size, d_in, generator=g), torch.randn(batch_size, d_out, generator=g))
-            for _ in range(steps)]
+    return [(torch.randn(batch_size, d_in, generator=g).to(dtype),
+             torch.randn(batch_size, d_out, generator=g).to(dtype)) for _ in range(steps)]
 
 
 def uses_aux(step, rank=0, pattern="even"):
@@ -58,13 +58,19 @@ def _silence_stderr(enabled=True):
         os.close(devnull)
 
 
-def train_reference(steps=4, batch_size=12, seed=0, lr=0.1, aux_pattern="even", world_size=2):
-    """Single process, whole batch: the result every data-parallel version must reproduce."""
+def train_reference(steps=4, batch_size=12, seed=0, lr=0.1, aux_pattern="even", world_size=2,
+                    dtype=torch.float32):
+    """Single process, whole batch: the result every data-parallel version must reproduce.
+
+    ``dtype=torch.float64`` for equality checks: data parallelism sums the gradient in another
+    order than one process, and in float64 any order agrees to ~1e-16 relative, so the default
+    tolerance of ``assert_close`` holds on every CPU and math library (in float32 the last bits
+    of a GEMM differ between Intel's and AMD's kernels)."""
     torch.manual_seed(seed)
-    model = MixedNet()
+    model = MixedNet().to(dtype)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     shard = batch_size // world_size
-    for step, (X, y) in enumerate(make_batches(steps, batch_size, seed=seed + 1)):
+    for step, (X, y) in enumerate(make_batches(steps, batch_size, seed=seed + 1, dtype=dtype)):
         progress(step + 1, steps, "steps")  # rank 0 drives a panel's bar
         opt.zero_grad()
         if aux_pattern == "even":
@@ -80,16 +86,18 @@ def train_reference(steps=4, batch_size=12, seed=0, lr=0.1, aux_pattern="even", 
 
 
 def train_data_parallel(rank, world_size, version="bucketed", steps=4, batch_size=12, seed=0,
-                        lr=0.1, aux_pattern="even", bucket_cap_mb=0.02, sync=None):
+                        lr=0.1, aux_pattern="even", bucket_cap_mb=0.02, sync=None,
+                        dtype=torch.float32):
     """Train MixedNet on this rank's shard with one DDP version; return final weights and
     ``{"allreduces": n}``, the all-reduce calls this rank issued in the ``steps`` steps, counted
     at the c10d layer (``core.commcount``) under one definition for every version.
 
     ``version``: "naive", "hooks", "bucketed", "torch" (``DistributedDataParallel``) or
     "custom" with ``sync(model)`` called after backward (an exercise's learner function).
+    ``dtype``: as ``train_reference``.
     """
     torch.manual_seed(seed)
-    model = MixedNet()
+    model = MixedNet().to(dtype)
     if version == "hooks":
         wrapped = HookedDDP(model)
     elif version == "bucketed":
@@ -104,7 +112,7 @@ def train_data_parallel(rank, world_size, version="bucketed", steps=4, batch_siz
     # DDP's C++ side warns, with a timestamp, on each step that uses every parameter although
     # find_unused_parameters=True; expected here, so it is kept out of the notebooks' output
     with _silence_stderr(version == "torch"), count_collectives() as counted:
-        for step, (X, y) in enumerate(make_batches(steps, batch_size, seed=seed + 1)):
+        for step, (X, y) in enumerate(make_batches(steps, batch_size, seed=seed + 1, dtype=dtype)):
             progress(step + 1, steps, "steps")  # rank 0 drives a panel's bar
             X, y = X[rank * shard:(rank + 1) * shard], y[rank * shard:(rank + 1) * shard]
             opt.zero_grad()

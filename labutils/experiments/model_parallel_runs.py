@@ -7,6 +7,8 @@ the rank sends or receives (``lu.commcount.count_collectives``: op, bytes, peer)
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.distributed as dist
 
@@ -15,9 +17,9 @@ from labutils.core.launcher import launch
 from labutils.core.timeline import Timeline
 from labutils.experiments.stage_observers import stage_spans
 from labutils.parallel.model_parallel import (
-    StageLayout,
     boundary_shapes,
     naive_backward,
+    naive_model_parallel_worker,
     naive_train_step,
     split_model,
 )
@@ -26,36 +28,31 @@ from labutils.parallel.split_matmul import column_parallel_matmul, row_parallel_
 
 def observed_naive_worker(rank, world_size, model_fn, x, y, shapes, sizes=None, steps=1,
                           lr=0.05, backward_fn=naive_backward):
-    """``naive_model_parallel_worker``'s training, observed. Returns its dict plus ``spans``
-    (forward and backward of every step), ``step_spans`` (the spans of each step) and
+    """``naive_model_parallel_worker``'s own loop, each step observed. Returns its dict plus
+    ``spans`` (forward and backward of every step), ``step_spans`` (the spans of each step) and
     ``messages``, the ``Call``s of the first step (``count_collectives``: counting adds Python
     work, so only the first step pays it)."""
-    layout = StageLayout(rank, world_size)
-    stage = split_model(model_fn(), world_size, sizes)[rank]
-    optimizer = torch.optim.SGD(stage.parameters(), lr=lr)
     tl = Timeline(rank)
-    losses, grads, output, messages, bounds = [], None, None, None, []
-    dist.barrier()                            # start the clocks together
-    with stage_spans(stage, tl):
-        for step in range(steps):
-            first = len(tl.spans)
-            if step == 0:
-                with count_collectives() as counted:
-                    out, loss = naive_train_step(layout, stage, x, y, shapes[rank], backward_fn)
-                messages = counted.calls
-            else:
-                out, loss = naive_train_step(layout, stage, x, y, shapes[rank], backward_fn)
-            if grads is None:
-                grads = {n: p.grad.clone() for n, p in stage.named_parameters()}
-                output = out if layout.pp_is_last_stage else None
-            if loss is not None:
-                losses.append(loss.item())
-            optimizer.step()
-            optimizer.zero_grad()
-            bounds.append((first, len(tl.spans)))
-    params = {n: p.detach().clone() for n, p in stage.named_parameters()}
-    return {"losses": losses, "output": output, "grads": grads, "params": params,
-            "spans": tl.spans, "step_spans": [tl.spans[a:b] for a, b in bounds],
+    bounds, messages = [], []
+
+    def train_step(layout, stage, *args):
+        first = len(tl.spans)
+        if not bounds:                        # the first step: start the clocks together
+            observers.enter_context(stage_spans(stage, tl))
+            dist.barrier()
+            with count_collectives() as counted:
+                result = naive_train_step(layout, stage, *args)
+            messages.extend(counted.calls)
+        else:
+            result = naive_train_step(layout, stage, *args)
+        bounds.append((first, len(tl.spans)))
+        return result
+
+    with contextlib.ExitStack() as observers:
+        result = naive_model_parallel_worker(rank, world_size, model_fn, x, y, shapes,
+                                             sizes=sizes, steps=steps, lr=lr,
+                                             backward_fn=backward_fn, train_step=train_step)
+    return {**result, "spans": tl.spans, "step_spans": [tl.spans[a:b] for a, b in bounds],
             "messages": messages}
 
 

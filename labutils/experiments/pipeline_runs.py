@@ -71,28 +71,25 @@ def observed_step(rank, stage, ops, prev_ops, x_mbs, y_mbs, in_shape, count_save
 
 def observed_pipeline_worker(rank, world_size, model_fn, x, y, shapes, schedule="1f1b",
                              n_microbatches=4, sizes=None, steps=1, lr=0.05):
-    """``pipeline_worker``'s training, observed. Returns its dict plus, of the last step,
-    ``spans`` (one per op), ``work_spans`` (emulated work: "F", "B", "W"),
-    ``peak_microbatches`` and ``peak_activation_bytes`` (saved for backward, most at once)."""
-    stage = split_model(model_fn(), world_size, sizes)[rank]
-    optimizer = torch.optim.SGD(stage.parameters(), lr=lr)
-    ops, prev_ops = stage_schedules(schedule, rank, world_size, n_microbatches)
-    x_mbs, y_mbs = x.chunk(n_microbatches), y.chunk(n_microbatches)
-    losses, grads = [], None
-    for step in range(steps):
-        progress(step + 1, steps, "steps")     # rank 0 drives a panel's bar
+    """``pipeline_worker``'s own loop with each step run by ``observed_step``. Returns its dict
+    plus, of the last step, ``spans`` (one per op), ``work_spans`` (emulated work: "F", "B",
+    "W"), ``peak_microbatches`` and ``peak_activation_bytes`` (saved for backward, most at once)."""
+    last, done = {}, []
+
+    def step_fn(ops, stage, layout, x_mbs, y_mbs, in_shape, prev_ops):
+        done.append(1)
+        progress(len(done), steps, "steps")    # rank 0 drives a panel's bar
         dist.barrier()                         # every rank starts the step together
-        loss, memory, spans, work = observed_step(rank, stage, ops, prev_ops, x_mbs, y_mbs,
-                                                  shapes[rank])
-        losses.append(loss)
-        if grads is None:
-            grads = {n: p.grad.clone() for n, p in stage.named_parameters()}
-        optimizer.step()
-        optimizer.zero_grad()
-    return {"losses": losses if rank == world_size - 1 else [], "grads": grads,
-            "params": {n: p.detach().clone() for n, p in stage.named_parameters()},
-            "spans": spans, "work_spans": work, "peak_microbatches": memory.peak_microbatches,
-            "peak_activation_bytes": memory.peak_bytes}
+        loss, last["memory"], last["spans"], last["work"] = observed_step(
+            rank, stage, ops, prev_ops, x_mbs, y_mbs, in_shape)
+        return loss
+
+    result = pipeline_worker(rank, world_size, model_fn, x, y, shapes, schedule=schedule,
+                             n_microbatches=n_microbatches, sizes=sizes, steps=steps, lr=lr,
+                             step_fn=step_fn)
+    return {**result, "spans": last["spans"], "work_spans": last["work"],
+            "peak_microbatches": last["memory"].peak_microbatches,
+            "peak_activation_bytes": last["memory"].peak_bytes}
 
 
 def observe_pipeline(model_fn, x, y, world_size=2, schedule="1f1b", n_microbatches=4,

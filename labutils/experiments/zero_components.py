@@ -4,6 +4,12 @@ and ``zero_optimizer.ZeroOptimizer`` around ``torch.optim.AdamW`` used like any 
 
 Small on purpose (2 blocks of width 16, 3 steps): the lab shows that the same lines train any
 module; ``tests/test_zero3.py`` and ``tests/test_zero_optimizer.py`` test them at length.
+
+The three ways and the reference train in float64. The ranks sum each gradient in another
+order than one process, and AdamW divides a gradient by its own magnitude, so in float32 a
+last-bit difference in a near-zero element (where Intel's and AMD's GEMM kernels round
+differently) can grow to 1e-5 in a weight within 3 steps. In float64 the same difference is
+~1e-16 relative and the default tolerance of ``assert_close`` holds on every CPU.
 """
 import warnings
 
@@ -18,13 +24,14 @@ from labutils.parallel.zero3 import Zero3Module
 from labutils.parallel.zero_optimizer import ZeroOptimizer
 
 VOCAB, T, BATCH, STEPS = 13, 8, 6, 3
+DTYPE = torch.float64  # see the module's docstring
 
 
-def gpt_problem(seed=0):
+def gpt_problem(seed=0, dtype=torch.float32):
     """A seeded 2-block ``CharGPT`` whose head shares the token embedding's weight (as GPT-2),
     and ``STEPS`` batches of token ids and next-token targets."""
     torch.manual_seed(seed)
-    model = CharGPT(VOCAB, block_size=T, n_embd=16, n_head=2, n_layer=2)
+    model = CharGPT(VOCAB, block_size=T, n_embd=16, n_head=2, n_layer=2).to(dtype)
     model.head.weight = model.tok_emb.weight  # tied: one parameter used by two modules
     g = torch.Generator().manual_seed(seed + 1)
     x = torch.randint(VOCAB, (STEPS, BATCH, T), generator=g)
@@ -54,7 +61,7 @@ def train(model, opt, x, y, rank=0, world_size=1):
 
 def one_process():
     """The reference: the whole batch, one process, plain AdamW."""
-    model, x, y = gpt_problem()
+    model, x, y = gpt_problem(dtype=DTYPE)
     losses = train(model, adamw(model.parameters()), x, y)
     return {"losses": losses, "params": {n: p.detach() for n, p in model.named_parameters()}}
 
@@ -68,12 +75,12 @@ def components_worker(rank, world_size):
     )
     from torch.distributed.fsdp import fully_shard
     out = {}
-    model, x, y = gpt_problem()
+    model, x, y = gpt_problem(dtype=DTYPE)
     model = Zero3Module(model, unit={Block, nn.Embedding, nn.Linear})
     out["zero3"] = {"losses": train(model, adamw(model.parameters()), x, y, rank, world_size),
                     "params": model.full_parameters()}
 
-    model, x, y = gpt_problem()
+    model, x, y = gpt_problem(dtype=DTYPE)
     mesh = init_device_mesh("cpu", (world_size,))
     for block in model.blocks:
         fully_shard(block, mesh=mesh)
@@ -86,7 +93,7 @@ def components_worker(rank, world_size):
     out["fsdp2"] = {"losses": losses,
                     "params": {n: p.full_tensor().detach() for n, p in model.named_parameters()}}
 
-    model, x, y = gpt_problem()
+    model, x, y = gpt_problem(dtype=DTYPE)
     opt = ZeroOptimizer(model.parameters(), torch.optim.AdamW, stage=2, lr=1e-2,
                         weight_decay=0.1)  # no DDP: it averages the gradients itself
     out["zero_optimizer"] = {"losses": train(model, opt, x, y, rank, world_size),

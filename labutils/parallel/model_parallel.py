@@ -184,18 +184,20 @@ def naive_train_step(layout, stage, x, y, in_shape, backward_fn=naive_backward):
 
 
 def naive_model_parallel_worker(rank, world_size, model_fn, x, y, shapes, sizes=None,
-                                steps=1, lr=0.05, backward_fn=naive_backward):
+                                steps=1, lr=0.05, backward_fn=naive_backward,
+                                train_step=naive_train_step):
     """One stage per rank; ``steps`` SGD steps on the batch (x, y).
 
     Returns a dict: ``losses`` and ``output`` (last stage only), ``grads`` of the first step
-    and ``params`` after the last, both by global parameter name.
+    and ``params`` after the last, both by global parameter name. ``train_step``: a function
+    with ``naive_train_step``'s signature (an observer wraps it; the loop stays this one).
     """
     layout = StageLayout(rank, world_size)
     stage = split_model(model_fn(), world_size, sizes)[rank]
     optimizer = torch.optim.SGD(stage.parameters(), lr=lr)
     losses, grads, output = [], None, None
     for _ in range(steps):
-        out, loss = naive_train_step(layout, stage, x, y, shapes[rank], backward_fn)
+        out, loss = train_step(layout, stage, x, y, shapes[rank], backward_fn)
         if grads is None:
             grads = {n: p.grad.clone() for n, p in stage.named_parameters()}
             output = out if layout.pp_is_last_stage else None

@@ -160,11 +160,12 @@ def stage_schedules(schedule, rank, world_size, n_microbatches):
 
 
 def pipeline_worker(rank, world_size, model_fn, x, y, shapes, schedule="1f1b", n_microbatches=4,
-                    sizes=None, steps=1, lr=0.05):
+                    sizes=None, steps=1, lr=0.05, step_fn=run_schedule):
     """Train ``steps`` SGD steps with a pipeline schedule.
 
     Returns a dict: ``losses`` (last stage), ``grads`` after the first step and ``params`` after
-    the last (by global name).
+    the last (by global name). ``step_fn``: a function with ``run_schedule``'s signature (an
+    observer wraps it; the loop stays this one).
     """
     layout = StageLayout(rank, world_size)
     stage = split_model(model_fn(), world_size, sizes)[rank]
@@ -173,7 +174,7 @@ def pipeline_worker(rank, world_size, model_fn, x, y, shapes, schedule="1f1b", n
     x_mbs, y_mbs = x.chunk(n_microbatches), y.chunk(n_microbatches)
     losses, grads = [], None
     for _ in range(steps):
-        losses.append(run_schedule(ops, stage, layout, x_mbs, y_mbs, shapes[rank], prev_ops))
+        losses.append(step_fn(ops, stage, layout, x_mbs, y_mbs, shapes[rank], prev_ops))
         if grads is None:
             grads = {n: p.grad.clone() for n, p in stage.named_parameters()}
         optimizer.step()

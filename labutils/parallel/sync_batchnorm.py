@@ -113,7 +113,8 @@ class SyncBatchNorm(nn.modules.batchnorm._BatchNorm):
         if isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(module, cls):
             new = cls(module.num_features, module.eps, module.momentum, module.affine,
                       module.track_running_stats, group)
-            new.load_state_dict(module.state_dict())
+            # assign: keep the layer's own tensors (dtype, device), as torch's converter does
+            new.load_state_dict(module.state_dict(), assign=True)
             new.train(module.training)
             return new
         for name, child in module.named_children():

@@ -59,11 +59,12 @@ class Unit:
         self.shapes = [p.shape for p in params]
         self.offsets = torch.tensor([0] + [p.numel() for p in params]).cumsum(0).tolist()
         device = params[0].device
-        flat = torch.zeros(padded(self.offsets[-1], world_size), dtype=torch.float32,
-                           device=device)
-        torch.cat([p.detach().reshape(-1).float() for p in params], out=flat[:self.offsets[-1]])
+        # master shards in at least fp32 (a float64 model stays float64, as in the tests)
+        master = torch.promote_types(params[0].dtype, torch.float32)
+        flat = torch.zeros(padded(self.offsets[-1], world_size), dtype=master, device=device)
+        torch.cat([p.detach().reshape(-1).to(master) for p in params], out=flat[:self.offsets[-1]])
         self.shard = nn.Parameter(flat.chunk(world_size)[rank].clone())
-        self.full = torch.empty(flat.numel(), dtype=compute_dtype or torch.float32,
+        self.full = torch.empty(flat.numel(), dtype=compute_dtype or master,
                                 device=device, requires_grad=True)
         self.full.untyped_storage().resize_(0)  # freed until a forward needs it
 
@@ -167,7 +168,7 @@ class Zero3Module(nn.Module):
         self._free(u)
 
     def _reduce(self, u):
-        grad = reduce_scatter_mean(u.full.grad.float(), self.group)
+        grad = reduce_scatter_mean(u.full.grad.to(u.shard.dtype), self.group)  # in master dtype
         u.shard.grad = grad if u.shard.grad is None else u.shard.grad.add_(grad)
         u.full.grad = None
         self._free(u)
@@ -183,10 +184,10 @@ class Zero3Module(nn.Module):
 
     @torch.no_grad()
     def full_parameters(self):
-        """{original name: full fp32 weight}, gathered on every rank (a collective)."""
+        """{original name: full master-dtype weight}, gathered on every rank (a collective)."""
         out = {}
         for u in self.units:
-            flat = torch.empty(u.full.numel(), dtype=torch.float32, device=u.shard.device)
+            flat = u.shard.new_empty(u.full.numel())
             all_gather_into(flat, u.shard, self.group)
             out.update({n: v.clone() for n, v in zip(u.names, u.views(flat))})
         return out
