@@ -204,13 +204,13 @@ def test_machine_report_lines():
                               "nccl": False}, torch_version="2.13.0", python_version="3.11.7",
                               system="Linux x86_64", recommended_world_sizes=(1, 2))
     english = report.lines()
-    assert english == ["cores (usable): 2", "memory: 8.0 GB", "GPUs: none",
+    assert english == ["logical CPUs this process may use (affinity mask): 2", "memory: 8.0 GB", "GPUs: none",
                        "backends: gloo yes, nccl no", "torch 2.13.0, Python 3.11.7, Linux x86_64",
                        ("recommended world sizes: 1, 2 (one rank per core; more ranks share "
                        "cores)")]
     lu.set_language("zh")
     chinese = report.lines()
-    assert chinese[0] == "可用核心数：2" and chinese[1] == "内存：8.0 GB"
+    assert chinese[0] == "本进程可用的逻辑 CPU（亲和性掩码）：2" and chinese[1] == "内存：8.0 GB"
     assert all(CJK.search(line) for i, line in enumerate(chinese) if i != 4)
     lu.set_language("en")
     assert report.lines() == english

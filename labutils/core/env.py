@@ -37,7 +37,7 @@ class EnvReport:
         sizes = ", ".join(map(str, self.recommended_world_sizes))
         per = (tr("one rank per core or GPU; more ranks share cores") if self.gpus else
                tr("one rank per core; more ranks share cores"))
-        return [tr("cores (usable): {cores}", cores=self.cores),
+        return [tr("logical CPUs this process may use (affinity mask): {cores}", cores=self.cores),
                 tr("memory: {gb:.1f} GB", gb=self.memory_gb),
                 tr("GPUs: {gpus}", gpus=gpus),
                 tr("backends: {backends}", backends=backends),

@@ -104,9 +104,10 @@ def _flop_mistakes():
         (lambda s: 6 * _weights(s), tr("6 x weights counts the first layer's input gradient "
                                        "too; the data does not require grad, so autograd skips "
                                        "that matmul")),
-        (lambda s: 6 * _params(s), tr("6 x parameters counts biases as matmul work (they are "
-                                      "additions, not counted) and the first layer's input "
-                                      "gradient, which autograd skips")),
+        (lambda s: 6 * _params(s), tr("6 x parameters is the standard 6ND estimate, right to "
+                                      "first order; the exact count is smaller: some "
+                                      "parameters do no matmul work, and backward skips one "
+                                      "matmul. Which ones?")),
         (lambda s: 2 * _params(s), tr("that is about the forward pass alone, biases included; "
                                       "backward does more, and bias adds are not counted")),
     )

@@ -24,8 +24,8 @@ def _show_collective(name, rank, world_size, n):
         dist.broadcast(x, src=0)
         after = x
     elif name == "reduce":
-        dist.reduce(x, dst=0)  # only rank 0's result is defined; gloo leaves the others alone
-        after = x if rank == 0 else before
+        dist.reduce(x, dst=0)  # only rank 0's result is defined: the others may serve as scratch
+        after = x
     elif name == "all_reduce":
         dist.all_reduce(x)
         after = x
