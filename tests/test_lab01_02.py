@@ -77,7 +77,7 @@ def _weights(sizes):
     "no_input_gradients": (lambda s: 4 * _weights(s), "gradient of its input"),
     "six_per_weight": (lambda s: 6 * _weights(s), "the data does not require grad"),
     "six_per_parameter": (lambda s: 6 * sum(a * b + b for a, b in zip(s[:-1], s[1:])),
-                          "biases"),
+                          "standard 6ND estimate"),
     "a_string": (lambda s: "237056", "expected a number"),
     "stub": (lambda s: (_ for _ in ()).throw(NotImplementedError()), "not implemented yet"),
 }, passes="equal to FlopCounterMode's count"))
