@@ -123,9 +123,9 @@ def stub(batch, rank, world_size):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("answer, verdict", checker_cases(train.shard_batch, {
-    "chunk_without_weight": (chunk_without_weight, "key 'gradient'"),
+    "chunk_without_weight": (chunk_without_weight, "key 'loss weight'"),
     "drops_the_remainder": (drops_the_remainder, "sample 6 on no rank"),
-    "strided_without_weight": (strided_without_weight, "key 'gradient'"),
+    "strided_without_weight": (strided_without_weight, "key 'loss weight'"),
     "stub": (stub, "not implemented yet"),
 }, passes="passed"))
 def test_check_shard_batch_accepts_the_reference_and_rejects_typical_mistakes(answer, verdict):

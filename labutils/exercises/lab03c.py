@@ -14,7 +14,8 @@ def _shard_batch_harness(rank, world_size, learner_fn, seed, n):
     g = torch.Generator().manual_seed(seed)
     X, y = torch.randn(n, 3, generator=g), torch.randn(n, 2, generator=g)
     torch.nn.functional.mse_loss(model(X), y).backward()
-    expected_grads = {k: p.grad.clone() for k, p in model.named_parameters()}
+    # named as the model's parameters, not to be confused with the loss weight the learner returns
+    expected_grads = {f"Linear.{k}": p.grad.clone() for k, p in model.named_parameters()}
     model.zero_grad()
     # Which samples did each rank take? Shard the sample numbers themselves.
     mine, _ = learner_fn(torch.arange(n), rank, world_size)
@@ -32,10 +33,14 @@ def _shard_batch_harness(rank, world_size, learner_fn, seed, n):
     for p in model.parameters():  # what DDP does: average the gradients over the ranks
         dist.all_reduce(p.grad)
         p.grad /= world_size
-    got_grads = {k: p.grad.clone() for k, p in model.named_parameters()}
-    samples, gradient = tr("samples"), tr("gradient")
-    return ({samples: exactly_one, gradient: expected_grads},
-            {samples: coverage, gradient: got_grads})
+    got_grads = {f"Linear.{k}": p.grad.clone() for k, p in model.named_parameters()}
+    # the one weight that makes DDP's average of the ranks' mean losses the global mean loss
+    needed = world_size * len(xs) / n
+    samples, gradient, loss_weight = tr("samples"), tr("gradient"), tr("loss weight")
+    return ({samples: exactly_one, loss_weight: torch.tensor(needed, dtype=torch.float64),
+             gradient: expected_grads},
+            {samples: coverage, loss_weight: torch.as_tensor(weight, dtype=torch.float64),
+             gradient: got_grads})
 
 
 def check_shard_batch(learner_fn, *, timeout=60.0):
