@@ -41,7 +41,8 @@ def _powersgd_counts(rank, world_size):
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(
         torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Linear(32, 4)))
-    by_wrapper = lu.ddp_hooks.register_hook(model, "powersgd")
+    lu.ddp_hooks.register_hook(model, "powersgd")
+    by_wrapper = lu.commcount.AllReduceBytes()
     for _ in range(lu.ddp_hooks.POWERSGD_WARMUP + 1):   # past the plain warm-up steps
         by_wrapper.calls = 0
         with lu.commcount.count_collectives() as by_dispatcher, by_wrapper:

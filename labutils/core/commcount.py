@@ -157,3 +157,29 @@ def count_collectives():
     counted = Counted()
     with _CountCollectives(counted.calls):
         yield counted
+
+
+class AllReduceBytes:
+    """``with counter:`` counts the calls and bytes this rank hands to ``dist.all_reduce``
+    inside it, on every thread.
+
+    Why not ``count_collectives``: a dispatch mode is thread-local, and a DDP comm hook such as
+    PowerSGD issues two of its three all-reduces from futures' callbacks, which usually run on
+    gloo's thread. Wrapping ``dist.all_reduce`` itself, for the ``with`` block only, sees every
+    thread's calls; PyTorch's hooks call it by that name."""
+
+    def __init__(self):
+        self.nbytes, self.calls = 0, 0
+
+    def __enter__(self):
+        self.original = torch.distributed.all_reduce
+
+        def counting(tensor, *args, **kwargs):
+            self.nbytes += tensor.numel() * tensor.element_size()
+            self.calls += 1
+            return self.original(tensor, *args, **kwargs)
+        torch.distributed.all_reduce = counting
+        return self
+
+    def __exit__(self, *exc):
+        torch.distributed.all_reduce = self.original

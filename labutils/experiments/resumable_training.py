@@ -12,6 +12,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 
+from labutils.core.commcount import AllReduceBytes
 from labutils.core.rank import progress
 from labutils.data import workloads
 from labutils.parallel import ddp_hooks
@@ -51,7 +52,8 @@ def train_script(rank, world_size, steps=30, ckpt_dir=None, ckpt_every=5, kill_a
     """
     wl = workloads.get(workload)
     model = DDP(wl.make_model(seed))
-    counter = ddp_hooks.register_hook(model, hook)
+    ddp_hooks.register_hook(model, hook)
+    counter = AllReduceBytes()  # what the hook hands to dist.all_reduce, callbacks included
     opt = wl.make_optimizer(model.parameters(), lr)
     sampler, loader = _loader(wl, rank, world_size, seed, batch_size)
     torch.manual_seed(seed + 1000 * (rank + 1))  # each rank its own augmentation noise

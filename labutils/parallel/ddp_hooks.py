@@ -1,8 +1,8 @@
 """Around PyTorch's DistributedDataParallel (04b): communication hooks and the bytes they send,
 and gradient accumulation with ``no_sync``.
 
-* ``register_hook(ddp_model, name)``: plain, fp16, bf16 or PowerSGD averaging, returning an
-  ``AllReduceBytes`` counter of what the rank hands to ``dist.all_reduce``;
+* ``register_hook(ddp_model, name)``: plain, fp16, bf16 or PowerSGD averaging (the bytes they
+  send are counted from outside: ``core.commcount.AllReduceBytes``);
 * ``accumulate_with_no_sync``: k micro-batches, one all-reduce round (the last backward).
 
 The script torchrun runs in 04b is ``labutils.experiments.resumable_training.train_script``.
@@ -28,41 +28,17 @@ def bf16_allreduce_hook(group, bucket):
     return fut.then(decompress)
 
 
-class AllReduceBytes:
-    """``with counter:`` counts the bytes this rank hands to ``dist.all_reduce`` inside it.
-
-        Why not ``core.commcount.count_collectives``: a dispatch mode is thread-local, and
-    PowerSGD's hook issues two of its three all-reduces from futures' callbacks, which usually
-    run on gloo's thread; replacing ``dist.all_reduce`` itself sees every thread's calls."""
-
-    def __init__(self):
-        self.nbytes, self.calls = 0, 0
-
-    def __enter__(self):
-        self.original = dist.all_reduce
-
-        def counting(tensor, *args, **kwargs):
-            self.nbytes += tensor.numel() * tensor.element_size()
-            self.calls += 1
-            return self.original(tensor, *args, **kwargs)
-        dist.all_reduce = counting  # hooks call dist.all_reduce, also from their callbacks
-        return self
-
-    def __exit__(self, *exc):
-        dist.all_reduce = self.original
-
-
 HOOKS = (None, "fp16", "bf16", "powersgd")
 POWERSGD_WARMUP = 10   # plain all-reduce steps before PowerSGD compresses (start_powerSGD_iter)
 
 
 def register_hook(ddp_model, name):
-    """Register comm hook ``name`` (one of HOOKS) on a ``DistributedDataParallel`` model;
-    return an ``AllReduceBytes`` to wrap ``backward()`` with. ``None`` is plain all-reduce."""
+    """Register comm hook ``name`` (one of HOOKS) on a ``DistributedDataParallel`` model.
+    ``None`` is plain all-reduce."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
     if name not in HOOKS:
         raise ValueError(f"unknown comm hook {name!r}; use one of {HOOKS}")
-    if name is None:  # the built-in C++ all-reduce, in Python so its bytes can be counted
+    if name is None:  # the built-in C++ all-reduce, as a Python hook like the others
         ddp_model.register_comm_hook(None, default_hooks.allreduce_hook)
     elif name == "fp16":
         ddp_model.register_comm_hook(None, default_hooks.fp16_compress_hook)
@@ -73,7 +49,6 @@ def register_hook(ddp_model, name):
                                             start_powerSGD_iter=POWERSGD_WARMUP,
                                             min_compression_rate=2)
         ddp_model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
-    return AllReduceBytes()
 
 
 # ---- gradient accumulation with no_sync (04b) ------------------------------------------------
