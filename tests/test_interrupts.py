@@ -52,7 +52,10 @@ def execute(kc, code, timeout=120, during=None):
             errors.append(msg["content"])
         elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
             break
-    return kc.get_shell_msg(timeout=timeout)["content"], "".join(text), errors
+    while True:  # the reply to this request: a busy kernel may still owe replies to earlier ones
+        reply = kc.get_shell_msg(timeout=timeout)
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return reply["content"], "".join(text), errors
 
 
 def wait_for_pids(pid_dir, n=2, timeout=60):
