@@ -83,13 +83,18 @@ LABS = (
         "loop on real digits, "
         "saving weights; the torch.distributed map with each launcher run once", "1.5",
         checkers=("square", "count_graph_nodes")),
-    Lab("3.1 Concepts 基本概念 (1): collectives and their cost", "03a_parallelism_concepts",
-        ("collectives", "collective_demo", "collective_runs", "costmodel", "figures"),
-        "data vs model parallelism; every collective on real ranks, drawn; ring all-reduce from "
-        "send/recv vs dist.all_reduce; bytes per link and message steps counted (ring, recursive "
-        "doubling, via a root); latency and bandwidth fitted (alpha-beta) with their spread", "1.5",
-        checkers=("ring_all_reduce",), benchmarks=("collectives", "costmodel")),
-    Lab("3.1 Concepts 基本概念 (2): synchronous vs asynchronous SGD", "03b_sync_async_sgd",
+    Lab("3.1 Concepts 基本概念 (1): collectives and the ring", "03a1_collectives_and_ring",
+        ("collectives", "collective_demo", "collective_runs", "figures"),
+        "data vs model parallelism; every collective on real ranks, drawn; ring and recursive-"
+        "doubling all-reduce from send/recv vs dist.all_reduce; bytes per link and message steps "
+        "counted (ring, recursive doubling, via a root)", "1",
+        checkers=("ring_all_reduce",), benchmarks=("collectives",)),
+    Lab("3.1 Concepts 基本概念 (2): what a collective costs", "03a2_collective_cost",
+        ("collective_runs", "costmodel", "figures"),
+        "latency and bandwidth fitted (alpha-beta) with residuals; ring, recursive doubling and "
+        "halving-doubling on 4 ranks across sizes: where the best algorithm changes", "1",
+        benchmarks=("costmodel",)),
+    Lab("3.1 Concepts 基本概念 (3): synchronous vs asynchronous SGD", "03b_sync_async_sgd",
         ("async_sgd", "sgd_runs", "flat_mlp", "staleness"),
         "sync SGD, a parameter server and Hogwild at equal work; a straggler; what staleness "
         "does to convergence, a parameter server replayed from its trace", "1.5",
@@ -101,13 +106,15 @@ LABS = (
         ("comm_overhead", "async_sgd", "sgd_runs"),
         "small messages vs buckets; compression, and when it pays", "1.5",
         checkers=("fp16_mean",)),
-    Lab("3.3 Challenges 挑战 (2): consistency and hardware", "03e_consistency_and_hardware",
-        ("data_consistency", "sync_batchnorm", "async_sgd", "collectives", "memory",
-         "oversubscription"),
+    Lab("3.3 Challenges 挑战 (2): data inconsistency", "03e1_data_inconsistency",
+        ("data_consistency", "sync_batchnorm", "async_sgd", "collectives"),
         "set_epoch and its effect on training, BatchNorm per rank vs synchronised, "
-        "nondeterminism; memory of weights, gradients, optimiser state, activations; "
-        "oversubscription", "1.5",
+        "nondeterminism", "1",
         checkers=("sync_batch_stats",)),
+    Lab("3.3 Challenges 挑战 (3): hardware constraints", "03e2_hardware_constraints",
+        ("memory", "oversubscription"),
+        "memory of weights, gradients, optimiser state, activations, measured under PyTorch's "
+        "default and with kept gradients; oversubscription", "1"),
     Lab("4 DDP from scratch 分布式训练实现", "04a_ddp_from_scratch",
         ("ddp", "ddp_equivalence", "ddp_performance", "comm_spans", "commcount"),
         "naive gradient all-reduce, hooks, buckets with overlap; each checked equal to one "

@@ -72,3 +72,50 @@ def test_the_chinese_map_covers_every_lab_and_nothing_else():
 def test_the_map_in_an_unknown_language_names_the_choices():
     with pytest.raises(ValueError, match=r"'fr'.*'en', 'zh'"):
         course.markdown_table(language="fr")
+
+
+# The labs that keep the class budget (one class slot of 45 minutes): the rest follow as their
+# issues land. A lab opens with its central question and a lesson plan, a table of sections
+# and minutes; its markdown stays within 1,400 words (whitespace-separated, code spans
+# included) and it has at most 3 exercises (checker sections plus "More to try" items).
+CLASS_SIZED = ("01", "02", "03a1", "03a2", "03b", "03c", "03d", "03e1", "03e2")
+MAX_WORDS, MAX_MINUTES, MAX_EXERCISES = 1400, 45, 3
+
+
+def lesson_plan(first_cell):
+    """The minutes of each row of the lesson-plan table in a lab's first cell."""
+    import re
+    assert "**Central question.**" in first_cell and "?" in first_cell, \
+        "the first cell states the lab's central question: '**Central question.** ...?'"
+    assert "**Lesson plan**" in first_cell, "the first cell has '**Lesson plan**' and its table"
+    plan = first_cell.split("**Lesson plan**", 1)[1]
+    rows = [line for line in plan.splitlines() if line.startswith("|")][2:]   # past the header
+    minutes = [re.fullmatch(r"\s*(\d+)\s*", row.strip("|").split("|")[-1]) for row in rows]
+    assert rows and all(minutes), "each lesson-plan row ends in its minutes: | section | 10 |"
+    return [int(m.group(1)) for m in minutes]
+
+
+def exercise_count(cells):
+    import re
+    count = 0
+    for cell in cells:
+        text = "".join(cell["source"])
+        if cell["cell_type"] != "markdown":
+            continue
+        count += len(re.findall(r"^## Exercise", text, flags=re.M))
+        if "More to try" in text:
+            tried = text.split("More to try", 1)[1].split("\n## ", 1)[0]
+            count += len(re.findall(r"^\d+\. ", tried, flags=re.M))
+    return count
+
+
+@pytest.mark.parametrize("lab", [lab for lab in course.LABS if lab.code in CLASS_SIZED],
+                         ids=lambda lab: lab.notebook)
+def test_a_lab_fits_one_class(lab):
+    with open(lab.path) as f:
+        cells = json.load(f)["cells"]
+    minutes = lesson_plan("".join(cells[0]["source"]))
+    assert sum(minutes) <= MAX_MINUTES, f"lesson plan {minutes}: {sum(minutes)} > 45 minutes"
+    words = sum(len("".join(c["source"]).split()) for c in cells if c["cell_type"] == "markdown")
+    assert words <= MAX_WORDS, f"{words} markdown words; a class reads at most {MAX_WORDS}"
+    assert exercise_count(cells) <= MAX_EXERCISES, "at most 3 exercises: split rather than cram"

@@ -5,7 +5,7 @@ import torch
 
 from labutils.experiments import data_consistency as D
 
-pytestmark = pytest.mark.lab03e
+pytestmark = pytest.mark.lab03e1
 
 
 @pytest.mark.slow

@@ -4,7 +4,7 @@ import pytest
 
 from labutils.experiments import oversubscription as O
 
-pytestmark = pytest.mark.lab03e
+pytestmark = pytest.mark.lab03e2
 
 
 @pytest.mark.slow

@@ -1,6 +1,6 @@
 """Memory of a training step: the formula, and a measured peak to check it against (on CPU).
 
-Used by ``03e_consistency_and_hardware`` (hardware constraints), ``05_model_parallel_principles`` (the memory
+Used by ``03e2_hardware_constraints`` (hardware constraints), ``05_model_parallel_principles`` (the memory
 wall) and ``06c_sharding_and_memory`` (ZeRO/FSDP per-rank memory).
 
 The formula (Rajbhandari et al., "ZeRO", SC 2020, section 3): a step with ``P`` parameters keeps

@@ -1,6 +1,6 @@
 """Exercise checkers: run the learner's function on real ranks and name the first difference.
 
-Used by the exercises at the end of most labs (first in ``03a_parallelism_concepts``); each lab's
+Used by the exercises at the end of most labs (first in ``03a1_collectives_and_ring``); each lab's
 module defines its ``check_<name>`` with :func:`run_check`, and ``lu.check_<name>(my_fn)`` finds
 it. A checker never raises for a wrong answer: it returns a :class:`CheckResult` whose text is
 one line (shown once as the cell's output), so a notebook that checks an unfilled stub stores no

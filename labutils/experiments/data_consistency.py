@@ -1,7 +1,7 @@
 """Data inconsistency under data parallelism, measured on real ranks: a sampler whose shuffle
 repeats (no ``set_epoch``), and BatchNorm that sees only its own rank's shard.
 
-Used by ``03e_consistency_and_hardware``. Every run is synchronous data parallelism on the
+Used by ``03e1_data_inconsistency``. Every run is synchronous data parallelism on the
 digits: the same initial weights on every rank, gradients averaged over the ranks (one flat
 all-reduce, or PyTorch's ``DistributedDataParallel``, which averages too), so the ranks' weights
 stay equal and only what each rank *sees* differs.

@@ -1,6 +1,6 @@
 """More ranks than cores: what a rank's fixed work per step costs as the ranks grow.
 
-Used by ``03e_consistency_and_hardware``. Every rank does the same fixed work per step (matrix
+Used by ``03e2_hardware_constraints``. Every rank does the same fixed work per step (matrix
 products on one thread) and ends the step with a small all-reduce, as a data-parallel step
 does. Each rank times itself: the compute of each step, and the whole step (compute plus the
 all-reduce, which waits for the slowest rank). The launch (process start, process group, exit)

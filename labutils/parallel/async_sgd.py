@@ -2,7 +2,7 @@
 
 Used by ``03b_sync_async_sgd`` (sync vs async, stragglers, staleness) and
 ``03d_communication_challenges`` (gradients all-reduced in fp16/bf16) and
-``03e_consistency_and_hardware`` (sync runs bitwise reproducible).
+``03e1_data_inconsistency`` (sync runs bitwise reproducible).
 
 The model is a small MLP on the digits whose parameters live in ONE flat fp32 vector
 (``labutils.parallel.flat_mlp``, re-exported here). Every run returns a history

@@ -1,8 +1,8 @@
 """Collectives from scratch: ring, recursive-doubling and root-based all-reduce (every collective
 drawn is in ``collective_demo``).
 
-Used by ``03a_parallelism_concepts`` (and its exercise ``check_ring_all_reduce``) and
-``03e_consistency_and_hardware`` (a distributed sum's order). What they send is counted from
+Used by ``03a1_collectives_and_ring`` (and its exercise ``check_ring_all_reduce``) and
+``03e1_data_inconsistency`` (a distributed sum's order). What they send is counted from
 outside, at the dispatcher, and their time measured there too: ``experiments/collective_runs``;
 ``python -m labutils.bench collectives`` compares them with gloo's own ``dist.all_reduce``.
 

@@ -1,6 +1,6 @@
 """A synchronised BatchNorm written from all-reduce, for CPU and gloo.
 
-Used by ``03e_consistency_and_hardware`` (data inconsistency: each rank's BatchNorm sees only its own
+Used by ``03e1_data_inconsistency`` (data inconsistency: each rank's BatchNorm sees only its own
 shard of the batch) and its exercise ``check_sync_batch_stats``. PyTorch's
 ``nn.SyncBatchNorm`` refuses CPU tensors, so this is the same algorithm in about 80 lines:
 
