@@ -232,12 +232,16 @@ def _old_format(po):
 def test_the_migration_loses_nothing_and_is_repeatable(lab):
     """An old catalog converts to the same entries, all translated (the committed .po files
     were made so from the .md files; the Chinese notebooks built from them are the committed
-    ones, test_committed_chinese_notebook_is_the_build)."""
+    ones, test_committed_chinese_notebook_is_the_build). Only the translated entries are
+    compared: a cell whose English changed since (fuzzy) or is new (untranslated) has no
+    old-format Chinese to migrate."""
     po = zh.read_catalog(lab)
-    converted, notes = zm.convert(lab, _old_format(po))
+    done = [e for e in po if e.translated()]
+    converted, notes = zm.convert(lab, _old_format(done))
     assert notes == []
+    converted = [e for e in converted if e.msgctxt in {d.msgctxt for d in done}]
     assert [(e.msgctxt, e.msgid, e.msgstr, e.flags) for e in converted] == \
-        [(e.msgctxt, e.msgid, e.msgstr, e.flags) for e in po]
+        [(e.msgctxt, e.msgid, e.msgstr, e.flags) for e in done]
     assert all(e.translated() for e in converted)
 
 

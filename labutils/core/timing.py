@@ -1,6 +1,6 @@
 """Timing that can be trusted: warm-up, repeats, medians with spread, and paired comparisons.
 
-Used by every lab that measures (01, 03a, 04c, 06a, ...) and by ``labutils.bench``. Measuring is
+Used by every lab that measures (01, 03a2, 04c, 06a, ...) and by ``labutils.bench``. Measuring is
 kept apart from plotting so both can be tested. On a shared 2-core machine compare *ratios*
 measured side by side (``interleaved``), never a stored absolute time.
 
