@@ -90,10 +90,10 @@ LABS = (
         "counted (ring, recursive doubling, via a root)", "1",
         checkers=("ring_all_reduce",), benchmarks=("collectives",)),
     Lab("3.1 Concepts 基本概念 (2): what a collective costs", "03a2_collective_cost",
-        ("collective_runs", "costmodel", "figures"),
+        ("collectives", "collective_runs", "costmodel", "emulation", "figures"),
         "latency and bandwidth fitted (alpha-beta) with residuals; ring, recursive doubling and "
         "halving-doubling on 4 ranks across sizes: where the best algorithm changes", "1",
-        benchmarks=("costmodel",)),
+        checkers=("crossover",), benchmarks=("costmodel",)),
     Lab("3.1 Concepts 基本概念 (3): synchronous vs asynchronous SGD", "03b_sync_async_sgd",
         ("async_sgd", "sgd_runs", "flat_mlp", "staleness"),
         "sync SGD, a parameter server and Hogwild at equal work; a straggler; what staleness "
@@ -114,7 +114,8 @@ LABS = (
     Lab("3.3 Challenges 挑战 (3): hardware constraints", "03e2_hardware_constraints",
         ("memory", "oversubscription"),
         "memory of weights, gradients, optimiser state, activations, measured under PyTorch's "
-        "default and with kept gradients; oversubscription", "1"),
+        "default and with kept gradients; oversubscription", "1",
+        checkers=("model_states",)),
     Lab("4 DDP from scratch 分布式训练实现", "04a_ddp_from_scratch",
         ("ddp", "ddp_equivalence", "ddp_performance", "comm_spans", "commcount"),
         "naive gradient all-reduce, hooks, buckets with overlap; each checked equal to one "

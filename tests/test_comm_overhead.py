@@ -58,6 +58,63 @@ def test_measure_gradient_sync_counts_calls_and_bytes():
         G.measure_gradient_sync(model, world_size=1)
 
 
+@pytest.mark.slow
+def test_measure_call_cost_times_the_parts_and_fits_alpha():
+    model = lu.models.mlp((8, 8, 8, 2))  # 6 tensors
+    res = G.measure_call_cost(model, world_size=2, sizes=(64, 1024, 16384), repeats=2)
+    assert set(res["stats"]) == {"per tensor", "per tensor, 1 element each", "flat buffer",
+                                 "one ready flat buffer"}
+    assert len({s.rounds for s in res["stats"].values()}) == 1       # paired round by round
+    assert all(s.n == 2 for s in res["stats"].values())
+    assert len(res["sweep"]) == 3 and res["alpha"].n == res["beta"].n == 2   # a fit per repeat
+    assert res["alpha"].min >= 0 and res["beta"].min >= 0
+    assert res["shapes"] == [(8, 8), (8,), (8, 8), (8,), (2, 8), (2,)]
+    with pytest.raises(ValueError, match="world_size"):
+        G.measure_call_cost(model, world_size=1)
+
+
+TINY = 2.0 ** -26     # below fp16's 2^-25: rounds to 0
+SUBNORMAL = 2.0 ** -20  # below fp16's smallest normal 2^-14: 5 significant bits, not 10
+
+
+def _scaled(rank, world_size):
+    import torch.distributed as dist
+    grad = torch.tensor([1.0, TINY, SUBNORMAL * (1 + 2 ** -9), -0.5])   # the same on every rank
+    exact = grad * world_size
+    scale = G.gradient_scale(grad, world_size)
+    plain, plain_back = G.allreduce_scaled(grad.clone())
+    wire, back = G.allreduce_scaled(grad.clone(), scale)
+    peak = torch.tensor([float(rank)])
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+    return scale, plain, plain_back, wire, back, exact
+
+
+@pytest.mark.slow
+def test_scaling_before_the_cast_undoes_fp16_underflow():
+    scale, plain, plain_back, wire, back, exact = lu.launch(_scaled, world_size=2)[0]
+    assert scale == 2.0 ** 14                 # 65504 / (2 ranks * 1.0) -> the power of two below
+    assert plain.dtype == wire.dtype == torch.float16
+    assert plain[1] == 0 and plain_back[1] == 0           # flushed to zero unscaled
+    assert plain_back[2] != exact[2]                       # subnormal: bits lost
+    assert torch.equal(back, exact)                        # scaled: every value exact
+    assert float(wire.abs().max()) <= torch.finfo(torch.float16).max
+
+
+@pytest.mark.slow
+def test_measure_underflow_counts_are_consistent():
+    X, y = lu.datasets.digits("train")
+    X = X.flatten(1)[:256]
+    cfg = lu.async_sgd.SGDConfig(steps=5, batch_size=16, lr=0.1)
+    params = lu.async_sgd.init_params(64, 10, cfg) * 1e-2   # small weights: small gradients
+    u = G.measure_underflow(params, X, y[:256], cfg, step=0)
+    assert u["elements"] == params.numel() and 0 < u["nonzero"] <= 2 * u["elements"]  # 2 ranks
+    f16, scaled, bf16 = u["float16"], u["float16, scaled"], u["bfloat16"]
+    assert f16["scale"] == bf16["scale"] == 1.0 and scaled["scale"] > 1
+    assert f16["flushed"] > 0 and f16["subnormal"] > f16["flushed"] and f16["off"] > 0
+    assert scaled["flushed"] == scaled["subnormal"] == scaled["off"] == 0
+    assert bf16["flushed"] == bf16["subnormal"] == 0
+
+
 # --- the exercise of lab 03d: the mean gradient in one fp16 all-reduce -----------------------
 
 def _per_tensor(tensors, world_size):

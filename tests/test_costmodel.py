@@ -272,3 +272,39 @@ def _ring_time_stub(nbytes, world_size, alpha, beta):
 }))
 def test_ring_time_checker_accepts_reference_and_rejects_typical_mistakes(answer, verdict):
     assert_check(lu.check_ring_allreduce_time, answer, verdict)
+
+
+# ---- residuals, spread and crossovers (03a2) -----------------------------------------------
+
+def test_residuals_are_zero_on_the_model_and_signed_off_it():
+    sizes = [1e3, 1e5, 1e7]
+    exact = [cm.allreduce_time(n, 4, 1e-4, 1e-9, "halving_doubling") for n in sizes]
+    assert np.allclose(cm.residuals(sizes, exact, 4, 1e-4, 1e-9, "halving_doubling"), 0)
+    slow = [1.5 * t for t in exact]
+    assert np.allclose(cm.residuals(sizes, slow, 4, 1e-4, 1e-9, "halving_doubling"), 0.5)
+    # a fit to exact points recovers them: residuals vanish
+    a, b = cm.fit(sizes, exact, 4, algorithm="halving_doubling")
+    assert np.abs(cm.residuals(sizes, exact, 4, a, b, "halving_doubling")).max() < 1e-9
+
+
+def test_decades_flags_spreads_and_zero():
+    assert cm.decades([2.0, 2.0]) == 0
+    assert cm.decades([1.0, 10.0, 1000.0]) == pytest.approx(3)
+    assert cm.decades([0.0, 1.0]) == math.inf   # a fit forced to beta = 0
+
+
+@pytest.mark.parametrize("p", [4, 8, 64])
+def test_crossover_is_where_the_times_meet(p):
+    alpha, beta = 20e-6, 1 / 10e9
+    n = cm.allreduce_crossover(p, alpha, beta, "halving_doubling", "recursive_doubling")
+    t = lambda a, m: cm.allreduce_time(m, p, alpha, beta, a)
+    assert t("halving_doubling", n) == pytest.approx(t("recursive_doubling", n))
+    # below it the latency-optimal one wins, above it the bandwidth-optimal one
+    assert cm.fastest_allreduce(n / 2, p, alpha, beta) == "recursive_doubling"
+    assert cm.fastest_allreduce(n * 2, p, alpha, beta) == "halving_doubling"
+    # at p = 4: rd = 2a + 2nb, hd = 4a + 1.5nb: they meet at 4 a / b
+    if p == 4:
+        assert n == pytest.approx(4 * alpha / beta)
+    # halving-doubling never loses to the ring (fewer alpha terms, the same bytes)
+    assert cm.allreduce_crossover(p, alpha, beta, "ring", "halving_doubling") == math.inf
+    assert cm.allreduce_crossover(p, alpha, beta, "ring", "recursive_doubling") > n

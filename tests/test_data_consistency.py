@@ -60,3 +60,29 @@ def test_batchnorm_step_against_the_whole_batch(sync):
         assert (out - ref["out"]).abs().max() > 0.01
         w = ranks[0]["grads"][0]
         assert (w - ref["grads"][0]).norm() > 0.05 * ref["grads"][0].norm()
+
+
+def test_epoch_crop_is_seeded_by_the_epoch():
+    img = torch.arange(64.0).view(1, 8, 8)
+    crop, (dy, dx) = D.epoch_crop(img, 5, 0)
+    assert crop.shape == (1, 8, 8) and dy in (0, 1, 2) and dx in (0, 1, 2)
+    padded = torch.nn.functional.pad(img, (1, 1, 1, 1))
+    assert torch.equal(crop, padded[..., dy:dy + 8, dx:dx + 8])
+    assert D.epoch_crop(img, 5, 0)[1] == (dy, dx)                 # same epoch: same crop
+    shifts = {D.epoch_crop(img, i, e)[1] for i in range(20) for e in range(3)}
+    assert len(shifts) > 3                                         # the draws do vary
+    per_epoch = [[D.epoch_crop(img, i, e)[1] for i in range(20)] for e in range(3)]
+    assert per_epoch[0] != per_epoch[1] != per_epoch[2]
+
+
+@pytest.mark.slow
+def test_without_set_epoch_the_augmentation_repeats():
+    res = D.sampler_effect(seeds=(0,), epochs=3, batch_size=16, augment=True)
+    per_rank = 1437 // 2 + 1437 % 2
+    off, on = res[(0, False)], res[(0, True)]
+    # no set_epoch: the same half of the data, each sample with one crop, every epoch
+    assert off["distinct_samples"] == off["distinct_pairs"] == per_rank
+    assert on["distinct_samples"] > per_rank
+    assert on["distinct_pairs"] > 2 * per_rank
+    assert all(r["distinct_pairs"] is None for r in
+               D.sampler_effect(seeds=(0,), epochs=1).values())

@@ -136,3 +136,45 @@ def test_bad_optimizer_named():
         memory.model_memory(lu.models.mlp(), optimizer="adagrad")
     with pytest.raises(ValueError, match="example_input"):
         memory.model_memory(lu.models.mlp(), batch=8)
+
+
+# ---- a whole step under PyTorch's default zero_grad (set_to_none=True) ---------------------
+
+def _mlp_case():
+    return functools.partial(lu.models.mlp, (64, 512, 512, 512, 10)), _batch(512, (64,))
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_step_formula_under_the_default_matches_measured_peak(optimizer):
+    make, (x, y) = _mlp_case()
+    torch.manual_seed(0)
+    default = memory.step_memory(make(), optimizer, example_input=x)
+    kept = memory.step_memory(make(), optimizer, example_input=x, set_to_none=False)
+    assert kept == {**memory.model_memory(make(), optimizer, example_input=x), "phase": "backward"}
+    assert default["total"] == sum(default[t] for t in memory.TERMS)
+    # gradients and activations never all coexist: fewer bytes than the kept sum
+    assert default["gradients"] + default["activations"] < kept["gradients"] + kept["activations"]
+    assert default["total"] < kept["total"]
+    est, peak = memory.formula_vs_peak(make, x, y, optimizer, set_to_none=True)
+    assert est == default
+    assert 1 - TOLERANCE <= peak / est["total"] <= 1 + TOLERANCE, (est, peak)
+    _, peak_kept = memory.formula_vs_peak(make, x, y, optimizer)
+    # the measured peaks differ by at least half what the formulas say they differ by
+    assert peak_kept - peak > 0.5 * (kept["total"] - default["total"])
+
+
+def test_step_formula_finds_the_optimizer_step_when_weights_dominate():
+    # a wide MLP on a small batch: the peak is in Adam's step (every gradient, no activation)
+    make, (x, _) = functools.partial(lu.models.mlp, (64, 1024, 1024, 10)), _batch(16, (64,))
+    est = memory.step_memory(make(), "adam", example_input=x)
+    assert est["phase"] == "optimizer step" and est["activations"] == 0
+    assert est["gradients"] == est["weights"]
+
+
+def test_train_steps_default_keeps_the_old_zero_grad():
+    make, (x, y) = _mlp_case()
+    torch.manual_seed(0)
+    a = memory.train_steps(make, x[:32], y[:32], "sgd")
+    torch.manual_seed(0)
+    b = memory.train_steps(make, x[:32], y[:32], "sgd", set_to_none=True)
+    assert a == b                      # the same losses: zeroed or None, the next step is equal

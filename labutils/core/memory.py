@@ -17,12 +17,14 @@ The formula (Rajbhandari et al., "ZeRO", SC 2020, section 3): a step with ``P`` 
   the saved activations not yet freed, whichever is larger.
 
 That sum assumes every gradient stays allocated through the step (``zero_grad(set_to_none=
-False)``, what ``train_steps`` does). With ``gradients="fresh"`` (gradients set to None before
-each step, PyTorch's default) gradients and activations never all coexist: backward makes the
-gradients of a layer as it frees the activations that layer saved. The formula then walks the
-leaf modules backward (``backward_walk``) and reports each term as it stands at the peak of
-forward + backward: weights, optimizer state, the gradients made so far, the activations not
+False)``, what ``train_steps`` does by default). With ``gradients="fresh"`` (gradients set to
+None before each step, PyTorch's default) gradients and activations never all coexist: backward
+makes the gradients of a layer as it frees the activations that layer saved. The formula then
+walks the leaf modules backward (``backward_walk``) and reports each term as it stands at the
+peak of forward + backward: weights, optimizer state, the gradients made so far, the activations not
 yet freed, and the op's two activation gradients (the one it receives, the one it makes).
+``step_memory`` adds the optimiser step (every gradient, no activation left) and reports the
+larger phase: the formula for a whole step under either ``zero_grad`` (03e2).
 
 ``live_peak(fn)`` (``LiveBytes``) measures the real thing by watching every op: each storage an
 op makes is remembered (weakly, so remembering it keeps nothing alive), and after every op the
@@ -31,7 +33,7 @@ hold, not an op's internal scratch, so the figure is the same on every CPU and t
 and a storage counts until it dies, on whichever thread drops it last (gloo's, for a
 collective's buffers): nothing is missed. 06c measures ZeRO with it.
 
-``measure_peak(fn)`` (03e, 05, 06a) measures it from the allocator: CPU tensors have no
+``measure_peak(fn)`` (03e2, 05, 06a) measures it from the allocator: CPU tensors have no
 ``torch.cuda.max_memory_allocated``, but the CPU allocator reports every allocation and free to
 the profiler when ``profile_memory=True``. Replaying those events in order gives live tensor
 bytes over time, and their maximum is the peak. It counts every tensor byte (including an op's
@@ -47,6 +49,7 @@ API (bytes everywhere)::
     #  'temporary': ..., 'total': ...}
     _, peak = lu.memory.measure_peak(lu.memory.train_steps, make_model, x, y, "adam")
     _, peak = lu.memory.live_peak(lu.memory.train_steps, make_model, x, y, "adam")
+    est = lu.memory.step_memory(model, "adam", example_input=x)   # PyTorch's default zero_grad
 """
 from __future__ import annotations
 
@@ -270,11 +273,13 @@ def live_peak(fn, *args, **kwargs):
     return result, live.peak
 
 
-def train_steps(make_model, x, y, optimizer="adam", steps=2, lr=1e-3):
+def train_steps(make_model, x, y, optimizer="adam", steps=2, lr=1e-3, set_to_none=False):
     """Build a model with ``make_model()`` and train it ``steps`` steps on ``(x, y)``.
 
     A whole training step from nothing, so ``measure_peak`` sees every byte: weights, the
     optimiser state (created at the first step), gradients and activations. Returns the losses.
+    ``set_to_none``: passed to ``zero_grad``; False (the default here) keeps the gradients
+    allocated between steps, as the formula's sum counts them; True is PyTorch's default.
     """
     model = make_model()
     params = [p for p in model.parameters() if p.requires_grad]
@@ -284,7 +289,7 @@ def train_steps(make_model, x, y, optimizer="adam", steps=2, lr=1e-3):
            "adamw": lambda: torch.optim.AdamW(params, lr=lr, foreach=False)}[optimizer]()
     losses = []
     for _ in range(steps):
-        opt.zero_grad(set_to_none=False)  # gradients stay allocated, as the formula counts them
+        opt.zero_grad(set_to_none=set_to_none)
         loss = F.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
@@ -292,9 +297,36 @@ def train_steps(make_model, x, y, optimizer="adam", steps=2, lr=1e-3):
     return losses
 
 
-def formula_vs_peak(make_model, x, y, optimizer="adam", steps=2):
-    """Formula vs measured peak of ``train_steps``: ``(estimate dict, peak_bytes)``."""
+def step_memory(model, optimizer="adam", example_input=None, set_to_none=True):
+    """The formula for one whole step (forward, backward, optimizer step) under ``zero_grad(
+    set_to_none=...)``; ``model_memory``'s dict plus ``"phase"``, where the peak falls.
+
+    ``set_to_none=False``: every gradient stays allocated, so at the peak all terms coexist:
+    ``model_memory``'s sum (phase "backward"). ``set_to_none=True`` (PyTorch's default): no
+    moment holds every gradient *and* every activation. The peak is the larger of two phases:
+    "backward" (``backward_walk``: the gradients made so far beside the activations not yet
+    freed) and "optimizer step" (every gradient, no activation: backward freed them, plus the
+    step's scratch, two tensors the size of the largest weight).
+    """
+    if not set_to_none:
+        return {**model_memory(model, optimizer=optimizer, example_input=example_input),
+                "phase": "backward"}
+    walk = model_memory(model, optimizer=optimizer, example_input=example_input,
+                        gradients="fresh")
+    largest = max((p.numel() * p.element_size() for p in model.parameters()
+                   if p.requires_grad), default=0)
+    step = {**walk, "gradients": walk["weights"], "activations": 0, "temporary": 2 * largest}
+    step["total"] = sum(step[t] for t in TERMS)
+    best = max((walk, "backward"), (step, "optimizer step"), key=lambda e: e[0]["total"])
+    return {**best[0], "phase": best[1]}
+
+
+def formula_vs_peak(make_model, x, y, optimizer="adam", steps=2, set_to_none=False):
+    """Formula vs measured peak of ``train_steps``: ``(estimate dict, peak_bytes)``. The
+    estimate is ``step_memory``'s: ``model_memory``'s sum for kept gradients (the default
+    here), the larger phase for PyTorch's default (``set_to_none=True``), named in "phase"."""
     torch.manual_seed(0)
-    estimate = model_memory(make_model(), optimizer=optimizer, example_input=x)
-    _, peak = measure_peak(train_steps, make_model, x, y, optimizer, steps)
+    estimate = step_memory(make_model(), optimizer=optimizer, example_input=x,
+                           set_to_none=set_to_none)
+    _, peak = measure_peak(train_steps, make_model, x, y, optimizer, steps, set_to_none=set_to_none)
     return estimate, peak

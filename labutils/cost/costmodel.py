@@ -1,7 +1,8 @@
 """The alpha-beta cost model of collectives, its fit to measurements, named links and the
 bandwidth figures nccl-tests reports.
 
-Used by 03a (fit alpha and beta to measured all-reduce times), 04c (predicted vs measured
+Used by 03a2 (fit alpha and beta to measured all-reduce times, with residuals; where the
+fastest algorithm changes), 04c (predicted vs measured
 speedup, with ``step_time``) and 07 (the model calibrated here predicts scale; ``lu.planner``
 builds on ``step_time`` at the end).
 
@@ -181,6 +182,46 @@ def fit(nbytes, seconds, world_size, algorithm="ring", op="allreduce", relative=
             cands.append((float(np.sum(((X @ c - t) * w) ** 2)), c))
         coef = min(cands, key=lambda x: x[0])[1]
     return float(coef[0]), float(coef[1])
+
+
+def residuals(nbytes, seconds, world_size, alpha, beta, algorithm="ring", op="allreduce"):
+    """Relative residuals of a fit, one per point: measured / modelled - 1 (0 is a perfect fit;
+    +0.5 means the measurement took 1.5 times the model's time)."""
+    t = _seconds(seconds)
+    model = collective_time(op, np.asarray(nbytes, dtype=float), world_size, alpha, beta,
+                            algorithm)
+    return t / np.asarray(model, dtype=float) - 1.0
+
+
+def decades(values):
+    """How many powers of ten positive ``values`` span (log10 of max / min); inf when some are
+    0, as a fit forced to beta = 0 is. More than 1: the values disagree by over 10x."""
+    v = np.asarray(values, dtype=float)
+    if np.any(v <= 0):
+        return math.inf
+    return float(np.log10(v.max() / v.min()))
+
+
+# ---- which algorithm is fastest, and where that changes -----------------------------------
+
+def allreduce_crossover(world_size, alpha, beta, first, second):
+    """The message size (bytes) at which all-reduce ``first`` and ``second`` take equal time:
+    ``(A2 - A1) alpha / ((B1 - B2) beta)`` from ``t = A alpha + B n beta``. Below it the one
+    with fewer alpha terms wins, above it the one with the smaller byte factor; ``inf`` when
+    one is never slower (fewer or equal alpha terms and a byte factor no larger)."""
+    a1, b1 = (float(x) for x in _terms("allreduce", world_size, first))
+    a2, b2 = (float(x) for x in _terms("allreduce", world_size, second))
+    if (a1 - a2) * (b1 - b2) >= 0:   # one has no more of both terms: the lines never cross
+        return math.inf
+    return (a2 - a1) * alpha / ((b1 - b2) * beta)
+
+
+def fastest_allreduce(nbytes, world_size, alpha, beta, algorithms=("ring", "recursive_doubling",
+                                                                     "halving_doubling")):
+    """The algorithm (of ``algorithms``) the model gives the least time at ``nbytes``; ties go
+    to the one listed first."""
+    times = [allreduce_time(nbytes, world_size, alpha, beta, a) for a in algorithms]
+    return algorithms[int(np.argmin(times))]
 
 
 def bandwidth(beta):

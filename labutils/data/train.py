@@ -177,23 +177,41 @@ def validate_train_args(workload, steps=100, batch_size=None, world_size=1):
 
 # ---- compute vs communication (03c_scenarios) ------------------------------------------------
 
-def time_ddp_step(rank, world_size, workload="digits", batch_size=None, repeats=10, seed=0,
-                  one_rank=False):
-    """Median seconds of one training step on this rank, split three ways, measured interleaved:
+def time_ddp_step(rank, world_size, cases="digits", repeats=20, seed=0, calls=10):
+    """Per round, on this rank, each case's DDP step split into its compute and its communication.
 
-    * ``compute``: forward, backward and update of the local shard under ``no_sync()`` (no
-      communication at all);
-    * ``ddp``: the same step with DDP's gradient all-reduce (overlapped with backward);
-    * ``allreduce``: all-reducing one gradient-sized buffer alone (the communication).
+    ``cases``: a workload name, or a dict label -> (workload name, global batch size or None
+    for the workload's). Every round times, for each case in turn, the ranks started together:
 
-    With ``one_rank=True``, rank 0 also times, in the same rounds, ``one_rank``: a plain model's
-    step on the *whole* global batch while the other ranks wait at a barrier: the single-process
-    baseline, on the same cores and threads, interleaved with the DDP step it is compared with
-    (only rank 0's dict has it).
+    * ``compute``: forward, backward and update of this rank's shard under ``no_sync()``, so
+      no communication at all;
+    * ``allreduce``: an all-reduce of a buffer of the gradient's size, what DDP sends per step
+      (gradients under 1 MiB fill DDP's first bucket, sent after backward: nothing overlaps);
+      each sample is the mean of ``calls`` back-to-back calls, enough work to time.
 
-    Returns a dict of ``Stats`` plus the gradient size in bytes. ``batch_size`` is global.
-    Sample i of every ``Stats.values`` is one round, so ranks can be paired round by round.
+    Returns {label: {"compute": Stats, "allreduce": Stats, "grad_bytes": int}}. Sample i of
+    every Stats is round i, on every rank and for every case, so they pair round by round.
     """
+    if isinstance(cases, str):
+        cases = {cases: (cases, None)}
+    pieces = {label: _ddp_case(rank, world_size, name, batch_size, seed, calls)
+              for label, (name, batch_size) in cases.items()}
+    times = {label: {"compute": [], "allreduce": []} for label in pieces}
+    for i in range(repeats + 1):  # round 0 is warm-up
+        progress(i, repeats, "repeats")  # rank 0 drives a panel's bar
+        for label, (timed, _) in pieces.items():
+            for kind, (fn, count) in timed.items():
+                dist.barrier()  # start together: no rank's time includes waiting for another
+                t0 = time.perf_counter()
+                fn()
+                if i:
+                    times[label][kind].append((time.perf_counter() - t0) / count)
+    return {label: {"compute": Stats.of(t["compute"]), "allreduce": Stats.of(t["allreduce"]),
+                    "grad_bytes": pieces[label][1]} for label, t in times.items()}
+
+
+def _ddp_case(rank, world_size, workload, batch_size, seed, calls):
+    """One case on this rank, warmed up: {kind: (fn, calls per sample)} and the gradient's bytes."""
     from torch.nn.parallel import DistributedDataParallel as DDP
     wl, batch_size = _check_args(workload, 1, batch_size, world_size)
     model = DDP(wl.make_model(seed))
@@ -213,32 +231,15 @@ def time_ddp_step(rank, world_size, workload="digits", batch_size=None, repeats=
             step()
 
     def allreduce():
-        dist.all_reduce(flat)
+        for _ in range(calls):
+            # looked up at each call, so lu.emulation.emulate(link) around the caller puts it
+            # on an emulated link (03c does)
+            dist.all_reduce(flat)
 
-    fns = [("compute", compute), ("ddp", step), ("allreduce", allreduce)]
-    if one_rank:
-        single = wl.make_model(seed)
-        single_opt = wl.make_optimizer(single.parameters())
-        xs, ys = X[idx], y[idx]
-
-        def whole_batch():  # the other ranks are already waiting at the next barrier
-            if rank == 0:
-                single_opt.zero_grad(set_to_none=True)
-                wl.loss_fn(single(xs), ys).backward()
-                single_opt.step()
-
-        fns.append(("one_rank", whole_batch))
-    times = {name: [] for name, _ in fns}
-    for i in range(repeats + 1):  # the first round is warm-up
-        progress(i, repeats, "repeats")  # rank 0 drives a panel's bar
-        for name, fn in fns:
-            dist.barrier()  # start together, so no rank's time includes waiting for another
-            t0 = time.perf_counter()
-            fn()
-            if i:
-                times[name].append(time.perf_counter() - t0)
-    if one_rank and rank != 0:
-        del times["one_rank"]
-    result = {name: Stats.of(v) for name, v in times.items()}
-    result["grad_bytes"] = flat.numel() * flat.element_size()
-    return result
+    # Two synchronised steps first: the first records the order gradients arrive in, and the
+    # second's forward rebuilds DDP's buckets in that order, a broadcast that would otherwise
+    # fall into the first no_sync forward (it runs there too) and into a timed compute sample.
+    step()
+    step()
+    grad_bytes = flat.numel() * flat.element_size()
+    return {"compute": (compute, 1), "allreduce": (allreduce, calls)}, grad_bytes

@@ -1,4 +1,4 @@
-"""Exercise checkers of lab 03e: the statistics of the global batch (SyncBatchNorm).
+"""Exercise checkers of lab 03e1: the statistics of the global batch (SyncBatchNorm).
 Registered in ``labutils.course``; notebooks call them as ``lu.check_<name>``."""
 import torch
 

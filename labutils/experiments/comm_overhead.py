@@ -10,9 +10,17 @@ registration order (here every tensor is ready at once, so only the count of cal
 while ``lu.ddp.assign_buckets`` caps buckets at ``bucket_cap_mb`` in reverse order and splits
 on dtype, so that buckets fill in the order backward produces gradients (as PyTorch's DDP does,
 though PyTorch closes a bucket once it has reached the cap rather than before: 04a shows both).
+Every tensor is ready before the first call here, so nothing overlaps with a backward pass: these
+timings compare call counts only (04a shows overlap on a timeline, 04c measures it).
+
+``measure_call_cost`` takes one call's cost apart in the same processes and times gloo's
+all-reduce at several sizes as lab 03a2 does, to fit its alpha and beta. ``allreduce_scaled`` and
+``measure_underflow`` show what fp16 costs small gradients (underflow) and what scaling them by a
+power of two before the cast wins back.
 """
 from __future__ import annotations
 
+import math
 import time
 import uuid
 
@@ -23,6 +31,11 @@ from labutils.core.commcount import count_collectives
 from labutils.core.launcher import launch
 from labutils.core.rank import progress
 from labutils.core.timing import Stats, slowest_rank
+from labutils.cost.costmodel import fit
+from labutils.experiments.collective_runs import time_all_reduce_worker
+from labutils.parallel.flat_mlp import batch_indices, loss_and_grad
+
+KiB, MiB = 2 ** 10, 2 ** 20
 
 
 def allreduce_per_tensor(tensors):
@@ -90,26 +103,34 @@ def time_sync_worker(rank, world_size, shapes, bucket_sizes, repeats=7, warmup=2
     all-reduce input)}."""
     tensors = [torch.zeros(s) for s in shapes]
     variants = _variants(bucket_sizes)
-    times = {k: [] for k in variants}
     calls = {}
     for label, fn in variants.items():  # an untimed pass that counts the calls each one issues
         with count_collectives() as counted:
             fn(tensors)
         calls[label] = counted.all_reduces
+    times = _interleaved_rounds({k: (lambda fn=fn: fn(tensors)) for k, fn in variants.items()},
+                                repeats, warmup)
+    numel = sum(t.numel() for t in tensors)
+    out = {}
+    for label in variants:
+        nbytes = numel * (2 if ("fp16" in label or "bf16" in label) else 4)
+        out[label] = (times[label], calls[label], nbytes)
+    return out
+
+
+def _interleaved_rounds(variants, repeats, warmup):
+    """Inside the ranks: each round runs every variant once after a barrier (so noise from other
+    jobs hits them alike); the slowest rank's seconds, {label: [one per round]}."""
+    times = {k: [] for k in variants}
     for i in range(warmup + repeats):
         progress(i + 1, warmup + repeats, "repeats")  # rank 0 drives a panel's bar
         for label, fn in variants.items():
             dist.barrier()
             t0 = time.perf_counter()
-            fn(tensors)
+            fn()
             if i >= warmup:
                 times[label].append(time.perf_counter() - t0)
-    numel = sum(t.numel() for t in tensors)
-    out = {}
-    for label in variants:
-        nbytes = numel * (2 if ("fp16" in label or "bf16" in label) else 4)
-        out[label] = (slowest_rank(times[label]), calls[label], nbytes)
-    return out
+    return {k: slowest_rank(v) for k, v in times.items()}
 
 
 def measure_gradient_sync(model, world_size=2, bucket_sizes=(16 * 1024, 256 * 1024),
@@ -125,3 +146,108 @@ def measure_gradient_sync(model, world_size=2, bucket_sizes=(16 * 1024, 256 * 10
                  world_size=world_size, timeout=300, warn_oversubscription=False)[0]
     rounds = uuid.uuid4().hex
     return {k: (Stats.of(v[0], rounds), v[1], v[2]) for k, v in res.items()}
+
+
+# ---- what one call costs, taken apart ------------------------------------------------------
+
+def time_call_cost_worker(rank, world_size, shapes, sizes, repeats=7, warmup=2, calls=5):
+    """In the same processes: interleaved rounds of the per-tensor sync of ``shapes``, the same
+    number of calls on 1-element tensors (the fixed cost of a call, almost no bytes), the flat
+    buffer, and one all-reduce of a flat buffer that is already there (the flat buffer without
+    its copies); then gloo's all-reduce at ``sizes`` timed as lab 03a2 times it. Returns
+    {label: [seconds per round]} and "sweep": [seconds per repeat, one list per size]."""
+    grads = [torch.zeros(s) for s in shapes]
+    ones = [torch.zeros(1) for _ in shapes]
+    ready = torch.zeros(sum(t.numel() for t in grads))
+    out = _interleaved_rounds({
+        "per tensor": lambda: allreduce_per_tensor(grads),
+        "per tensor, 1 element each": lambda: allreduce_per_tensor(ones),
+        "flat buffer": lambda: allreduce_flat(grads),
+        "one ready flat buffer": lambda: dist.all_reduce(ready),
+    }, repeats, warmup)
+    out["sweep"] = time_all_reduce_worker(rank, world_size, sizes, impls=("gloo",),
+                                          repeats=repeats, warmup=1, calls=calls)["gloo"]
+    return out
+
+
+def measure_call_cost(model, world_size=2, sizes=(KiB, 16 * KiB, 256 * KiB, MiB), repeats=7):
+    """One launch: ``time_call_cost_worker`` on ``model``'s gradient shapes, then alpha and beta
+    fitted to the sweep with lab 03a2's model (gloo as a ring: ``costmodel.fit``), once per
+    repeat as 03a2 does. Returns dict(stats={label: Stats, paired}, sweep=[Stats per size],
+    alpha=Stats, beta=Stats (over the repeats' fits), sizes, shapes, world_size)."""
+    if world_size < 2:
+        raise ValueError(f"an all-reduce call needs world_size >= 2; got {world_size}")
+    shapes = [tuple(p.shape) for p in model.parameters()]
+    res = launch(time_call_cost_worker, shapes, [int(s) for s in sizes], repeats,
+                 world_size=world_size, timeout=300, warn_oversubscription=False)[0]
+    sweep = res.pop("sweep")
+    rounds = uuid.uuid4().hex
+    fits = [fit(sizes, [per_size[i] for per_size in sweep], world_size, algorithm="ring")
+            for i in range(len(sweep[0]))]
+    alphas, betas = zip(*fits)
+    return dict(stats={k: Stats.of(v, rounds) for k, v in res.items()},
+                sweep=[Stats.of(v) for v in sweep], alpha=Stats.of(alphas),
+                beta=Stats.of(betas), sizes=list(sizes), shapes=shapes, world_size=world_size)
+
+
+# ---- what fp16 costs small gradients --------------------------------------------------------
+
+def gradient_scale(grad, world_size, dtype=torch.float16):
+    """The largest power of two by which every rank may multiply its gradient so that the sum
+    over ``world_size`` ranks still fits ``dtype`` (where a dynamic loss scaler settles)."""
+    peak = grad.abs().max().reshape(1)
+    dist.all_reduce(peak, op=dist.ReduceOp.MAX)  # the same scale on every rank
+    return 2.0 ** math.floor(math.log2(torch.finfo(dtype).max / (world_size * float(peak))))
+
+
+def allreduce_scaled(grad, scale=1.0, dtype=torch.float16):
+    """Sum ``grad`` over the ranks sent in ``dtype``, multiplied by ``scale`` on the wire and
+    divided after. A power of two changes no significant bit (in fp32, exact), but it lifts
+    small values above fp16's smallest normal number (2^-14) and keeps those below 2^-25 from
+    rounding to zero. Loss scaling does this by scaling the loss, so backward's gradients are
+    already scaled. Returns (what travelled, the sum in fp32)."""
+    wire = (grad * scale).to(dtype)
+    dist.all_reduce(wire)
+    return wire, wire.float() / scale
+
+
+def underflow_worker(rank, world_size, params, X, y, cfg, step):
+    """Every rank: its gradient at ``params`` on its batch of ``step``, summed in fp32 (the
+    reference), then in fp16, fp16 scaled by ``gradient_scale``, and bf16. Per variant, counted
+    on every rank's wire and summed over the ranks: the elements, nonzero in fp32, that the
+    cast made 0 ("flushed") or subnormal ("subnormal": fewer significant bits); and counted on
+    the sum, the elements that differ from the fp32 sum by more than rounding to the dtype's
+    significant bits allows ("off")."""
+    idx = batch_indices(cfg, rank, step, len(X))
+    _, grad = loss_and_grad(params, X[idx], y[idx], cfg.hidden)
+    exact, mag = grad.clone(), grad.abs()
+    dist.all_reduce(exact)
+    dist.all_reduce(mag)                    # sum over ranks of |gradient|: the rounding bound
+    nonzero = grad != 0
+    out = {"elements": grad.numel()}
+    counts = [int(nonzero.sum())]
+    for label, dtype, scale in (("float16", torch.float16, 1.0),
+                                ("float16, scaled", torch.float16,
+                                 gradient_scale(grad, world_size)),
+                                ("bfloat16", torch.bfloat16, 1.0)):
+        sent = (grad * scale).to(dtype)     # what this rank puts on the wire
+        info = torch.finfo(dtype)
+        _, back = allreduce_scaled(grad, scale, dtype)
+        # rounding to nearest: each rank's cast and each of the p-1 partial sums add at most
+        # eps/2 of the sum of the magnitudes, so p * eps/2 * mag bounds a normal-range sum
+        bound = world_size * info.eps / 2 * mag
+        out[label] = dict(scale=scale, off=int(((back - exact).abs() > bound).sum()))
+        counts += [int(((sent == 0) & nonzero).sum()),
+                   int(((sent != 0) & (sent.abs() < info.tiny)).sum())]
+    counts = torch.tensor(counts)
+    dist.all_reduce(counts)                 # every rank's wire, counted (exact: int64)
+    out["nonzero"] = int(counts[0])
+    for k, label in enumerate(("float16", "float16, scaled", "bfloat16")):
+        out[label].update(flushed=int(counts[1 + 2 * k]), subnormal=int(counts[2 + 2 * k]))
+    return out
+
+
+def measure_underflow(params, X, y, cfg, step, world_size=2):
+    """``underflow_worker`` on real ranks: the counts (every rank returns the same)."""
+    return launch(underflow_worker, params, X, y, cfg, int(step), world_size=world_size,
+                  timeout=120, warn_oversubscription=False)[0]

@@ -8,7 +8,8 @@ stay equal and only what each rank *sees* differs.
 
 * ``sampler_effect``: ``DistributedSampler(shuffle=True)`` with and without
   ``set_epoch(epoch)``, for several seeds: the batches counted, and the test loss and accuracy
-  after each epoch.
+  after each epoch; with ``augment=True`` each sample is randomly cropped (``epoch_crop``) from a
+  generator seeded by the sampler's epoch, and the distinct (sample, crop) pairs are counted.
 * ``batchnorm_training``: digits split by class (rank 0 the digits 0-4, rank 1 the digits 5-9, a
   non-IID split), a net with BatchNorm, trained under PyTorch's DDP with plain BatchNorm
   (``broadcast_buffers`` True, the default, or False) or with our ``SyncBatchNorm``; returns
@@ -48,6 +49,16 @@ def _evaluate(model, Xt, yt):
     return F.cross_entropy(out, yt).item(), (out.argmax(1) == yt).float().mean().item()
 
 
+def epoch_crop(image, index, epoch, seed=0):
+    """A random crop with padding 1 of one (1, 8, 8) image, as torchvision's
+    ``RandomCrop(8, padding=1)``; returns (crop, (dy, dx)). The draw is seeded by (seed, epoch,
+    index), as reproducible pipelines seed augmentation from the sampler's epoch: a fixed
+    epoch (no ``set_epoch``) gives every sample the same crop every epoch."""
+    g = torch.Generator().manual_seed((seed * 1000 + epoch) * 100_000 + index)
+    dy, dx = torch.randint(0, 3, (2,), generator=g).tolist()
+    return F.pad(image, (1, 1, 1, 1))[..., dy:dy + 8, dx:dx + 8], (dy, dx)
+
+
 def _average_gradients(params, world_size):
     flat = torch.cat([p.grad.reshape(-1) for p in params])
     dist.all_reduce(flat)
@@ -56,8 +67,9 @@ def _average_gradients(params, world_size):
         p.grad.copy_(g.view_as(p))
 
 
-def _sampler_worker(rank, world_size, seeds, epochs, batch_size, lr):
+def _sampler_worker(rank, world_size, seeds, epochs, batch_size, lr, augment):
     X, y, Xt, yt = _data()
+    images = digits("train")[0]                       # (N, 1, 8, 8), for the crops
     out = {}
     for k, seed in enumerate(seeds):
         for set_epoch in (False, True):
@@ -66,15 +78,21 @@ def _sampler_worker(rank, world_size, seeds, epochs, batch_size, lr):
             params = list(model.parameters())
             sampler = DistributedSampler(range(len(X)), num_replicas=world_size, rank=rank,
                                          shuffle=True, seed=seed)
-            batches, losses, accs = set(), [], []
+            batches, pairs, losses, accs = set(), set(), [], []
             for epoch in range(epochs):
                 if set_epoch:
                     sampler.set_epoch(epoch)
                 order = torch.tensor(list(sampler))
                 for idx in order.split(batch_size):
                     batches.add(tuple(sorted(idx.tolist())))
+                    xb = X[idx]
+                    if augment:   # the crop's seed comes from the sampler's epoch
+                        crops = [epoch_crop(images[i], i, sampler.epoch, seed)
+                                 for i in idx.tolist()]
+                        xb = torch.stack([c for c, _ in crops]).flatten(1)
+                        pairs.update((i, d) for i, (_, d) in zip(idx.tolist(), crops))
                     model.zero_grad()
-                    F.cross_entropy(model(X[idx]), y[idx]).backward()
+                    F.cross_entropy(model(xb), y[idx]).backward()
                     _average_gradients(params, world_size)
                     with torch.no_grad():
                         for p in params:
@@ -83,16 +101,21 @@ def _sampler_worker(rank, world_size, seeds, epochs, batch_size, lr):
                 losses.append(loss)
                 accs.append(acc)
             out[(seed, set_epoch)] = {"distinct_batches": len(batches), "test_loss": losses,
-                                      "test_accuracy": accs}
+                                      "test_accuracy": accs, "distinct_samples":
+                                      len({i for b in batches for i in b}),
+                                      "distinct_pairs": len(pairs) if augment else None}
         progress(k + 1, len(seeds), "seeds")
     return out
 
 
-def sampler_effect(seeds=(0, 1, 2, 3, 4), epochs=4, batch_size=16, lr=0.1, world_size=2):
+def sampler_effect(seeds=(0, 1, 2, 3, 4), epochs=4, batch_size=16, lr=0.1, world_size=2,
+                   augment=False):
     """Train with and without ``set_epoch`` for each seed; rank 0's view. Returns
     {(seed, set_epoch): {"distinct_batches": batches of this rank counted over all epochs,
-    "test_loss": per epoch, "test_accuracy": per epoch}}."""
-    return launch(_sampler_worker, tuple(seeds), epochs, batch_size, lr,
+    "distinct_samples": its distinct sample indices, "distinct_pairs": its distinct (sample,
+    crop) pairs when ``augment`` (else None), "test_loss": per epoch, "test_accuracy": per
+    epoch}}. ``augment``: train on ``epoch_crop`` crops seeded by the sampler's epoch."""
+    return launch(_sampler_worker, tuple(seeds), epochs, batch_size, lr, augment,
                   world_size=world_size, warn_oversubscription=False)[0]
 
 

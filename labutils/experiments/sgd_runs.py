@@ -1,4 +1,4 @@
-"""The runs of lab 03b (and 03d, 03e): validate the inputs, then launch the workers of
+"""The runs of lab 03b (and 03d, 03e1): validate the inputs, then launch the workers of
 ``labutils.parallel.async_sgd`` (sync all-reduce SGD, a parameter server, Hogwild) on real
 ranks; each returns rank 0's history (``async_sgd`` says what it holds)."""
 from __future__ import annotations

@@ -19,10 +19,12 @@ whether or not ``steps`` is a multiple of ``eval_every``.
   Deep Networks", NeurIPS 2012). The server applies gradients in arrival order, so a gradient
   may have been computed on weights several updates old: its *staleness*, recorded per update.
 * ``hogwild_worker``: no server and no lock; every rank reads and writes one weight vector in
-  shared memory (Recht et al., "Hogwild!", NeurIPS 2011).
+  shared memory (Recht et al., "Hogwild!", NeurIPS 2011, whose guarantee assumes sparse updates
+  that rarely touch the same weights; this dense MLP's updates all touch every weight).
 The single-process simulation with a fixed staleness, for the intuition behind the measured
-parameter-server points, is ``labutils.experiments.staleness.delayed_sgd``; the runs (validate,
-launch) are in ``labutils.experiments.sgd_runs``.
+parameter-server points, is ``labutils.experiments.staleness.delayed_sgd``; that module also
+replays a run's trace and runs the straggler experiment with its serial controls. The runs
+(validate, launch) are in ``labutils.experiments.sgd_runs``.
 """
 from __future__ import annotations
 
@@ -197,7 +199,8 @@ def hogwild_worker(rank, world_size, X, y, cfg, path):
     count every rank's work (a sleeping straggler does not keep pace with rank 0). The last
     point is taken after the final barrier: when every rank is done."""
     n = init_params(X.shape[1], 10, cfg).numel()
-    # Mapped from a file by name: a tensor passed as an argument would arrive as a copy.
+    # Mapped from a file by name: lu.launch pickles its arguments, so a tensor passed as one
+    # would arrive as a copy (torch.multiprocessing with share_memory() shares it instead).
     # fp32 counts are exact up to 2**24 examples
     shared = torch.from_file(path, shared=True, size=n + world_size, dtype=torch.float32)
     params, counts = shared[:n], shared[n:]

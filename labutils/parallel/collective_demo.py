@@ -1,7 +1,10 @@
-"""Every collective on real ranks, before and after: what lab 03a draws
+"""Every collective on real ranks, before and after: what lab 03a1 draws
 (``labutils.viz.figures.plot_collectives``; ``experiments.collective_runs.run_collectives``
 launches it). Rank ``r`` starts with ``10r, 10r+1, ...``, so each
-result can be checked by eye and by the formulas the notebook asserts.
+result can be checked by eye and by the formulas the notebook asserts. "After" is what the rank
+really holds when the call returns, also where the API defines nothing (``reduce``'s other
+ranks) or leaves the tensor alone (``gather``'s other ranks): the notebook compares it with
+"before" rather than assuming.
 
 Eight calls of ``torch.distributed`` (gloo, CPU), plus one ring shift built from send/recv.
 """
@@ -25,7 +28,7 @@ def _show_collective(name, rank, world_size, n):
         after = x
     elif name == "reduce":
         dist.reduce(x, dst=0)  # only rank 0's result is defined: the others may serve as scratch
-        after = x
+        after = x              # every rank's own tensor as the call left it, root or not
     elif name == "all_reduce":
         dist.all_reduce(x)
         after = x
@@ -45,8 +48,10 @@ def _show_collective(name, rank, world_size, n):
     elif name == "gather":
         before = x[:1].clone()
         parts = [torch.empty(1) for _ in range(world_size)] if rank == 0 else None
-        dist.gather(before, parts, dst=0)
-        after = torch.cat(parts) if rank == 0 else torch.empty(0)
+        dist.gather(x[:1], parts, dst=0)   # the tensor itself, not a copy: watched below
+        # what each rank holds afterwards: rank 0 the gathered pieces, the others the very
+        # tensor they sent, as the call left it (the notebook asserts it was left alone)
+        after = torch.cat(parts) if rank == 0 else x[:1]
     elif name == "send_recv":  # a ring shift: everyone sends to the right, receives from the left
         after = torch.empty(n)
         _exchange(x, (rank + 1) % world_size, after, (rank - 1) % world_size)

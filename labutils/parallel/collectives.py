@@ -9,7 +9,8 @@ outside, at the dispatcher, and their time measured there too: ``experiments/col
 All three behave like ``dist.all_reduce(tensor, group=group)``: in place, sum, any world size,
 any tensor length (also shorter than, or not divisible by, the world size). The third,
 ``root_all_reduce`` (reduce onto rank 0, then broadcast), is the contrast for the ring's
-bandwidth optimality.
+bandwidth optimality. The fourth, ``halving_doubling_all_reduce`` (Rabenseifner's, used by
+``03a2_collective_cost``), has the ring's bytes in log-many steps.
 """
 from __future__ import annotations
 
@@ -133,5 +134,52 @@ def root_all_reduce(flat, group=None):
         _send(flat, dst, group)
 
 
+@_flat_in_place
+def halving_doubling_all_reduce(flat, group=None):
+    """Sum ``flat`` over the ranks of ``group``, in place: Rabenseifner's algorithm.
+
+    Thakur, Rabenseifner and Gropp (2005): a reduce-scatter by recursive halving (swap half of
+    the range you are responsible for with rank r XOR 2^k, keep and sum the other half), then an
+    all-gather by recursive doubling (the same swaps in reverse, whole ranges this time). The
+    ring's 2 (p-1)/p of the tensor, but in 2 log2 p steps. Extra ranks (p not a power of two)
+    fold into partners first, as in ``recursive_doubling_all_reduce``.
+    """
+    world_size, rank = dist.get_world_size(group), dist.get_rank(group)
+    pof2 = 1 << (world_size.bit_length() - 1)
+    extra = world_size - pof2
+    if rank >= pof2:
+        _send(flat, rank - pof2, group)
+        _recv(flat, rank - pof2, group)
+        return
+    if rank < extra:
+        incoming = torch.empty_like(flat)
+        _recv(incoming, rank + pof2, group)
+        flat += incoming
+    # chunk c ends fully summed on rank c; a range of chunks [lo, hi) is one slice of flat
+    edges = [0]
+    for chunk in flat.tensor_split(pof2):
+        edges.append(edges[-1] + chunk.numel())
+    span = lambda lo, hi: flat[edges[lo]:edges[hi]]
+    incoming = torch.empty(edges[pof2 // 2] if pof2 > 1 else 0, dtype=flat.dtype)
+    lo, hi, ranges = 0, pof2, []
+    mask = pof2 // 2
+    while mask:  # reduce-scatter: halve the range each step
+        mid = (lo + hi) // 2
+        keep, give = ((lo, mid), (mid, hi)) if rank & mask == 0 else ((mid, hi), (lo, mid))
+        mine = span(*keep)
+        _exchange(span(*give), rank ^ mask, incoming[:mine.numel()], rank ^ mask, group)
+        mine += incoming[:mine.numel()]
+        ranges.append(((lo, hi), keep))
+        (lo, hi), mask = keep, mask >> 1
+    mask = 1
+    for (whole, keep) in reversed(ranges):  # all-gather: double the range each step
+        other = (whole[0], keep[0]) if keep[0] > whole[0] else (keep[1], whole[1])
+        _exchange(span(*keep), rank ^ mask, span(*other), rank ^ mask, group)
+        mask <<= 1
+    if rank < extra:
+        _send(flat, rank + pof2, group)
+
+
 ALL_REDUCES = {"gloo": lambda t: dist.all_reduce(t), "ring": ring_all_reduce,
-               "recursive_doubling": recursive_doubling_all_reduce, "root": root_all_reduce}
+               "recursive_doubling": recursive_doubling_all_reduce, "root": root_all_reduce,
+               "halving_doubling": halving_doubling_all_reduce}

@@ -38,8 +38,9 @@ def plot_collectives(results, columns=2):
     return fig
 
 
-def plot_all_reduce_times(sizes, stats, world_size, fits=None, ax=None):
-    """Time (median, min-max bars) against bytes on log axes; ``fits``: {label: seconds}."""
+def plot_all_reduce_times(sizes, stats, world_size, fits=None, ax=None, title=None):
+    """Time (median, min-max bars) against bytes on log axes; ``fits``: {label: seconds};
+    ``title`` replaces "all-reduce on p ranks" (say "emulated link" when it was)."""
     import matplotlib.pyplot as plt
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 3.6))
@@ -51,7 +52,7 @@ def plot_all_reduce_times(sizes, stats, world_size, fits=None, ax=None):
         ax.plot(sizes, secs, "--", label=label)
     ax.set_xscale("log", base=2), ax.set_yscale("log")
     ax.set_xlabel("message size (bytes)"), ax.set_ylabel("all-reduce time (s)")
-    ax.set_title(f"all-reduce on {world_size} ranks")
+    ax.set_title(title or f"all-reduce on {world_size} ranks")
     ax.legend(fontsize=8)
     return ax
 
