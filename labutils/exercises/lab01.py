@@ -61,7 +61,7 @@ def check_max_allreduce(learner_fn, *, timeout=20.0):
     return run_check("max_allreduce", learner_fn, _max_allreduce_harness, cases, timeout=timeout)
 
 
-# ---- exercise 4: FLOPs of one training step of an MLP, per sample ----------------------------
+# ---- exercise 2: FLOPs of one training step of an MLP, per sample ----------------------------
 
 
 def mlp_flops_per_sample(sizes):

@@ -6,7 +6,7 @@ import torch
 from labutils.core.i18n import tr
 from labutils.exercises.base import CheckResult, not_implemented
 
-# ---- exercise 2: a custom autograd Function ------------------------------------------------
+# ---- exercise 1: a custom autograd Function ------------------------------------------------
 
 
 class Square(torch.autograd.Function):
@@ -82,7 +82,7 @@ def check_square(learner_cls):
                                 n=len(cases)))
 
 
-# ---- exercise 6: the nodes of an autograd graph --------------------------------------------
+# ---- exercise 2: the nodes of an autograd graph --------------------------------------------
 
 
 def count_graph_nodes(t):
