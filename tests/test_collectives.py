@@ -224,3 +224,12 @@ def _reduce_scatter_only(tensor):
         C._exchange(send, (rank + 1) % world_size, buf, (rank - 1) % world_size)
         recv += buf
     return tensor
+
+
+def test_round_order_rotates_so_every_impl_leads_once_per_cycle():
+    impls = ("ring", "recursive_doubling", "halving_doubling")
+    orders = [R.round_order(impls, i) for i in range(4)]
+    assert orders[0] == list(impls) and orders[3] == orders[0]
+    assert [o[0] for o in orders[:3]] == list(impls)           # each leads once
+    assert all(sorted(o) == sorted(impls) for o in orders)       # each runs every round
+    assert R.round_order(["gloo"], 5) == ["gloo"]

@@ -62,8 +62,7 @@ def test_measure_gradient_sync_counts_calls_and_bytes():
 def test_measure_call_cost_times_the_parts_and_fits_alpha():
     model = lu.models.mlp((8, 8, 8, 2))  # 6 tensors
     res = G.measure_call_cost(model, world_size=2, sizes=(64, 1024, 16384), repeats=2)
-    assert set(res["stats"]) == {"per tensor", "per tensor, 1 element each", "flat buffer",
-                                 "one ready flat buffer"}
+    assert set(res["stats"]) == {"per tensor", G.CONTROL, "flat buffer", "one ready flat buffer"}
     assert len({s.rounds for s in res["stats"].values()}) == 1       # paired round by round
     assert all(s.n == 2 for s in res["stats"].values())
     assert len(res["sweep"]) == 3 and res["alpha"].n == res["beta"].n == 2   # a fit per repeat

@@ -86,3 +86,17 @@ def test_without_set_epoch_the_augmentation_repeats():
     assert on["distinct_pairs"] > 2 * per_rank
     assert all(r["distinct_pairs"] is None for r in
                D.sampler_effect(seeds=(0,), epochs=1).values())
+
+
+def test_class_shard_splits_by_class_or_at_random():
+    y = torch.arange(10).repeat_interleave(20)
+    X = torch.arange(len(y)).float()[:, None]
+    for shuffle in (False, True):
+        parts = [D.class_shard(X, y, r, 2, shuffle) for r in range(2)]
+        # disjoint shares that cover the data, either way
+        assert sorted(torch.cat([p[0][:, 0] for p in parts]).tolist()) == X[:, 0].tolist()
+        low, high = (set(p[1].tolist()) for p in parts)
+        if shuffle:   # a random split: both ranks see (nearly) every class
+            assert len(low) >= 9 and len(high) >= 9
+        else:         # the lower and upper halves of the sorted labels
+            assert low == {0, 1, 2, 3, 4} and high == {5, 6, 7, 8, 9}

@@ -40,6 +40,18 @@ def test_fixed_staleness_replayed_is_the_simulation(staleness):
                                St.delayed_sgd(X, y, CFG, staleness)["params"])
 
 
+def test_shuffled_order_is_round_robins_batches_reordered_at_staleness_zero():
+    rr = St.round_robin(3, 5, first_rank=1)
+    orders = [St.shuffled_order(3, 5, seed, first_rank=1) for seed in range(4)]
+    assert St.shuffled_order(3, 5, 0, first_rank=1) == orders[0]         # seeded: it repeats
+    assert len({tuple(o) for o in orders}) > 1                            # the seed moves it
+    for o in orders:
+        assert sorted((w, s) for w, s, _ in o) == sorted((w, s) for w, s, _ in rr)
+        assert [v for _, _, v in o] == list(range(len(rr)))               # staleness 0
+        for w in (1, 2, 3):                                               # a worker's own order
+            assert [s for r, s, _ in o if r == w] == list(range(5))
+
+
 def test_staleness_is_counted_per_worker_from_the_trace():
     run = {"trace": [(1, 0, 0), (2, 0, 0), (1, 1, 1), (1, 2, 3), (2, 1, 2)]}
     assert St.staleness_of(run, 1) == [0, 1, 0]
@@ -50,7 +62,8 @@ def test_staleness_is_counted_per_worker_from_the_trace():
 def test_straggler_runs_keep_their_invariants():
     X, y = _digits()
     cfg = A.with_(CFG, steps=12, eval_every=6, delay=0.005)
-    res = St.straggler_runs(X, y, cfg, workers=2, repeats=2)
+    res = St.straggler_runs(X, y, cfg, workers=2, repeats=2, orders=3)
+    assert len(res["serial_orders_loss"]) == 3
     assert set(res["runs"]) == {(m, d) for m in ("sync", "parameter server", "Hogwild")
                                 for d in ("straggler", "no straggler")}
     work = 2 * cfg.steps * cfg.batch_size

@@ -9,6 +9,7 @@ import torch
 
 import labutils as lu
 from labutils import train, workloads
+from labutils.exercises import lab03c
 
 from .checkers import assert_check, checker_cases
 
@@ -121,15 +122,39 @@ def stub(batch, rank, world_size):
     raise NotImplementedError
 
 
+def weight_too_large(batch, rank, world_size):
+    return torch.tensor_split(batch, world_size)[rank], 2.0
+
+
+def delegates_the_weight(batch, rank, world_size):
+    return batch.tensor_split(world_size)[rank], lu.train.shard_weight(len(batch), rank, world_size)
+
+
+PLAIN_AVERAGE = ["a plain average over-weights the smaller shard", "depends on the size of this shard"]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("answer, verdict", checker_cases(train.shard_batch, {
-    "chunk_without_weight": (chunk_without_weight, "key 'loss weight'"),
+@pytest.mark.parametrize("answer, verdict", checker_cases(lab03c.shard_batch, {
+    "chunk_without_weight": (chunk_without_weight, ["key 'loss weight'", *PLAIN_AVERAGE]),
     "drops_the_remainder": (drops_the_remainder, "sample 6 on no rank"),
-    "strided_without_weight": (strided_without_weight, "key 'loss weight'"),
+    "strided_without_weight": (strided_without_weight, ["key 'loss weight'", *PLAIN_AVERAGE]),
+    "weight_too_large": (weight_too_large, "2: too large for 4 of 7 samples on 2 ranks"),
+    "delegates_the_weight": (delegates_the_weight, "calls the library's shard_weight"),
+    "delegates_the_answer": (lambda b, r, w: train.shard_batch(b, r, w), "library's shard_batch"),
     "stub": (stub, "not implemented yet"),
 }, passes="passed"))
 def test_check_shard_batch_accepts_the_reference_and_rejects_typical_mistakes(answer, verdict):
-    assert_check(lu.check_shard_batch, answer, verdict)
+    result = assert_check(lu.check_shard_batch, answer, verdict)
+    assert "1.14" not in result.message  # never the answer (8/7 for n=7 on 2 ranks, rank 0)
+    assert "..." not in result.message   # its words shown whole
+
+
+def test_the_exercise_reference_agrees_with_the_library():
+    for n, world_size in [(7, 2), (10, 3), (6, 3)]:
+        for rank in range(world_size):
+            mine, weight = lab03c.shard_batch(torch.arange(n), rank, world_size)
+            assert torch.equal(mine, train.shard(torch.arange(n), rank, world_size))
+            assert weight == pytest.approx(train.shard_weight(n, rank, world_size))
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@ all-reduce overtakes recursive doubling. Registered in ``labutils.course``; the 
 it as ``lu.check_crossover``."""
 import math
 import numbers
+import sys
 
 from labutils.core.i18n import tr
 from labutils.cost.costmodel import allreduce_crossover
@@ -39,6 +40,21 @@ def _mistakes():
     )
 
 
+def _calls_library_crossover(fn, *args):
+    """``fn(*args)`` and whether it called ``costmodel.allreduce_crossover`` (under any name):
+    the exercise is to derive the formula, not to delegate to the library's."""
+    target, seen, previous = allreduce_crossover.__code__, [], sys.getprofile()
+
+    def watch(frame, event, arg):
+        if event == "call" and frame.f_code is target:
+            seen.append(True)
+    sys.setprofile(watch)
+    try:
+        return fn(*args), bool(seen)
+    finally:
+        sys.setprofile(previous)
+
+
 def check_crossover(learner_fn):
     """Check ``learner_fn(p, alpha, beta)``: the bytes at which halving-doubling's all-reduce
     time equals recursive doubling's, for several powers of two p (no processes needed)."""
@@ -49,7 +65,7 @@ def check_crossover(learner_fn):
         where = tr("[wrong] {name}: case {number} of {total} ({case})", name="crossover",
                    number=number, total=len(_CASES), case=f"p={p}, alpha={alpha:g}, beta={beta:g}")
         try:
-            got = learner_fn(p, alpha, beta)
+            got, delegated = _calls_library_crossover(learner_fn, p, alpha, beta)
         except NotImplementedError:
             return CheckResult(False, not_implemented("crossover"))
         except Exception as e:   # noqa: BLE001 (report any error as the learner's)
@@ -57,6 +73,10 @@ def check_crossover(learner_fn):
                                          error=type(e).__name__, message=e))
         if got is None:
             return CheckResult(False, not_implemented("crossover"))
+        if delegated:
+            return CheckResult(False, tr("{where}: your function calls "
+                                         "costmodel.allreduce_crossover; derive n yourself from "
+                                         "the table of section 1", where=where), {"p": p})
         if not isinstance(got, numbers.Real) or isinstance(got, bool):
             return CheckResult(False, tr("{where}: expected a number of bytes, got {type} "
                                          "{got!r}", where=where, type=type(got).__name__,

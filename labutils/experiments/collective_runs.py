@@ -107,12 +107,20 @@ def trace_all_reduce(world_size, numel, names=("ring", "recursive_doubling", "ro
 
 # ---- measured cost -------------------------------------------------------------------------
 
+def round_order(impls, i):
+    """The impls' order in round ``i``: rotated by one each round, so that no impl always runs
+    first or always right after the same other one (caches, scheduler state carry over)."""
+    shift = i % len(impls)
+    return list(impls[shift:]) + list(impls[:shift])
+
+
 def time_all_reduce_worker(rank, world_size, sizes, impls=("gloo",), repeats=5, warmup=1,
                            calls=1, budget_s=None, max_repeats=40, link=None):
     """Time each all-reduce in ``impls`` at each size (bytes, fp32), interleaved round by round.
 
     One round times every size and every impl once, so round i of all of them ran side by
-    side (a busy moment of the machine hits a whole round). A sample is ``calls`` back-to-back
+    side (a busy moment of the machine hits a whole round); the impls' order rotates by one
+    each round. A sample is ``calls`` back-to-back
     calls after a barrier, divided by ``calls`` (with one call a sample mostly measures which
     rank left the barrier last, as nccl-tests knows), and its time is the slowest rank's (an
     all-reduce ends when the last rank has the result). ``budget_s``: after ``repeats`` rounds,
@@ -127,7 +135,7 @@ def time_all_reduce_worker(rank, world_size, sizes, impls=("gloo",), repeats=5, 
     while more.item():
         progress(min(i + 1, warmup + repeats), warmup + repeats, "repeats")
         for k, x in enumerate(xs):
-            for impl in impls:  # round-robin, so machine noise hits every variant alike
+            for impl in round_order(impls, i):  # round-robin, so machine noise hits every variant alike
                 dist.barrier()
                 with emulate(link) if link is not None else contextlib.nullcontext():
                     t0 = time.perf_counter()

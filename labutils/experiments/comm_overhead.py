@@ -14,7 +14,7 @@ Every tensor is ready before the first call here, so nothing overlaps with a bac
 timings compare call counts only (04a shows overlap on a timeline, 04c measures it).
 
 ``measure_call_cost`` takes one call's cost apart in the same processes and times gloo's
-all-reduce at several sizes as lab 03a2 does, to fit its alpha and beta. ``allreduce_scaled`` and
+``dist.all_reduce`` at several sizes, to fit 03a2's model (alpha, beta) to it. ``allreduce_scaled`` and
 ``measure_underflow`` show what fp16 costs small gradients (underflow) and what scaling them by a
 power of two before the cast wins back.
 """
@@ -36,6 +36,7 @@ from labutils.experiments.collective_runs import time_all_reduce_worker
 from labutils.parallel.flat_mlp import batch_indices, loss_and_grad
 
 KiB, MiB = 2 ** 10, 2 ** 20
+CONTROL = "per tensor, smallest size each"   # the same calls on tensors of the sweep's first size
 
 
 def allreduce_per_tensor(tensors):
@@ -152,16 +153,18 @@ def measure_gradient_sync(model, world_size=2, bucket_sizes=(16 * 1024, 256 * 10
 
 def time_call_cost_worker(rank, world_size, shapes, sizes, repeats=7, warmup=2, calls=5):
     """In the same processes: interleaved rounds of the per-tensor sync of ``shapes``, the same
-    number of calls on 1-element tensors (the fixed cost of a call, almost no bytes), the flat
-    buffer, and one all-reduce of a flat buffer that is already there (the flat buffer without
-    its copies); then gloo's all-reduce at ``sizes`` timed as lab 03a2 times it. Returns
+    number of calls on tensors of the sweep's smallest size (the fixed-cost control: a size the
+    fit covers; a 1-element tensor, fewer elements than ranks, may take another path in gloo
+    and cost less than the fit's alpha), the flat buffer, and one all-reduce of a flat buffer
+    that is already there (the flat buffer without its copies); then back-to-back calls of
+    gloo's ``dist.all_reduce`` at each of ``sizes`` (``collective_runs``). Returns
     {label: [seconds per round]} and "sweep": [seconds per repeat, one list per size]."""
     grads = [torch.zeros(s) for s in shapes]
-    ones = [torch.zeros(1) for _ in shapes]
+    small = [torch.zeros(max(1, sizes[0] // 4)) for _ in shapes]
     ready = torch.zeros(sum(t.numel() for t in grads))
     out = _interleaved_rounds({
         "per tensor": lambda: allreduce_per_tensor(grads),
-        "per tensor, 1 element each": lambda: allreduce_per_tensor(ones),
+        CONTROL: lambda: allreduce_per_tensor(small),
         "flat buffer": lambda: allreduce_flat(grads),
         "one ready flat buffer": lambda: dist.all_reduce(ready),
     }, repeats, warmup)
@@ -173,7 +176,7 @@ def time_call_cost_worker(rank, world_size, shapes, sizes, repeats=7, warmup=2, 
 def measure_call_cost(model, world_size=2, sizes=(KiB, 16 * KiB, 256 * KiB, MiB), repeats=7):
     """One launch: ``time_call_cost_worker`` on ``model``'s gradient shapes, then alpha and beta
     fitted to the sweep with lab 03a2's model (gloo as a ring: ``costmodel.fit``), once per
-    repeat as 03a2 does. Returns dict(stats={label: Stats, paired}, sweep=[Stats per size],
+    repeat. Returns dict(stats={label: Stats, paired}, sweep=[Stats per size],
     alpha=Stats, beta=Stats (over the repeats' fits), sizes, shapes, world_size)."""
     if world_size < 2:
         raise ValueError(f"an all-reduce call needs world_size >= 2; got {world_size}")

@@ -119,9 +119,11 @@ def sampler_effect(seeds=(0, 1, 2, 3, 4), epochs=4, batch_size=16, lr=0.1, world
                   world_size=world_size, warn_oversubscription=False)[0]
 
 
-def class_shard(X, y, rank, world_size):
-    """Rank ``rank``'s share of the data sorted by class: a non-IID split."""
-    order = torch.argsort(y, stable=True)
+def class_shard(X, y, rank, world_size, shuffle=False):
+    """Rank ``rank``'s share of the data sorted by class: a non-IID split. ``shuffle=True``:
+    a random split instead (the same permutation on every rank, so the shares stay disjoint)."""
+    order = (torch.randperm(len(y), generator=torch.Generator().manual_seed(0)) if shuffle
+             else torch.argsort(y, stable=True))
     idx = order.tensor_split(world_size)[rank]
     return X[idx], y[idx]
 
@@ -131,9 +133,9 @@ def make_bn_net(seed=0):
     return nn.Sequential(nn.Linear(64, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 10))
 
 
-def _bn_worker(rank, world_size, mode, epochs, batch_size, lr, seed):
+def _bn_worker(rank, world_size, mode, epochs, batch_size, lr, seed, shuffle):
     X, y, Xt, yt = _data()
-    xs, ys = class_shard(X, y, rank, world_size)
+    xs, ys = class_shard(X, y, rank, world_size, shuffle)
     net = make_bn_net(seed)
     if mode == "SyncBatchNorm":
         net = SyncBatchNorm.convert(net)
@@ -161,12 +163,13 @@ def _bn_worker(rank, world_size, mode, epochs, batch_size, lr, seed):
             "steps": int(steps) * epochs}
 
 
-def batchnorm_training(mode, epochs=3, batch_size=8, lr=0.1, seed=0, world_size=2):
-    """Train the BatchNorm net on class-sorted shards under DDP; one dict per rank (see the
-    module docstring). ``mode``: one of ``BN_MODES``."""
+def batchnorm_training(mode, epochs=3, batch_size=8, lr=0.1, seed=0, world_size=2,
+                       shuffle=False):
+    """Train the BatchNorm net on class-sorted shards under DDP (``shuffle=True``: random
+    shards); one dict per rank (see the module docstring). ``mode``: one of ``BN_MODES``."""
     if mode not in BN_MODES:
         raise ValueError(f"mode must be one of {BN_MODES}; got {mode!r}")
-    return launch(_bn_worker, mode, epochs, batch_size, lr, seed, world_size=world_size,
+    return launch(_bn_worker, mode, epochs, batch_size, lr, seed, shuffle, world_size=world_size,
                   warn_oversubscription=False)
 
 

@@ -5,6 +5,7 @@ asynchronous runs are ``labutils.parallel.async_sgd``."""
 from __future__ import annotations
 
 import collections
+import random
 import time
 
 from labutils.core.env import one_thread
@@ -78,20 +79,37 @@ def round_robin(workers, steps, first_rank=0):
     return [(r, s, k) for k, (r, s) in enumerate(order)]
 
 
+def shuffled_order(workers, steps, seed, first_rank=0):
+    """A staleness-0 trace of the same batches as ``round_robin`` in a random interleaving
+    (each worker's own steps stay in order): replayed, serial small-batch SGD in another
+    batch order. Seeded, so it repeats."""
+    left, rng, order = {r: 0 for r in range(first_rank, first_rank + workers)}, \
+        random.Random(seed), []
+    while left:
+        r = rng.choice(sorted(left))
+        order.append((r, left[r]))
+        left[r] += 1
+        if left[r] == steps:
+            del left[r]
+    return [(r, s, k) for k, (r, s) in enumerate(order)]
+
+
 def staleness_of(run, worker):
     """How many updates old each gradient of ``worker`` was, counted from the run's trace: the
     update's index minus the version its gradient was taken at."""
     return [k - version for k, (w, _, version) in enumerate(run["trace"]) if w == worker]
 
 
-def straggler_runs(X, y, cfg, workers=2, repeats=7):
+def straggler_runs(X, y, cfg, workers=2, repeats=7, orders=20):
     """Sync all-reduce (at ``workers * lr``: the same step per example), a parameter server and
     Hogwild, each with the straggler's ``cfg.delay`` and without it, interleaved ``repeats``
     times (round i of every variant met the same machine load). Each run gets
     ``launch_s`` (its time outside the ranks' clock) and, for the server, ``serial_loss``:
     the final loss of its own trace replayed at staleness 0. Also returned, one process each:
     serial large-batch SGD (sync's reference) and serial small-batch SGD (``W * S`` updates of
-    one batch: Hogwild's reference, round robin)."""
+    one batch: Hogwild's reference, round robin) and ``serial_orders_loss``: its final losses
+    over ``orders`` random interleavings of Hogwild's batches (``shuffled_order``), the spread
+    batch order alone gives."""
     fast = with_(cfg, delay=0.0)
     big = lambda c: with_(c, lr=workers * c.lr)      # the linear scaling rule
     variants = {
@@ -117,4 +135,7 @@ def straggler_runs(X, y, cfg, workers=2, repeats=7):
     small = replay_parameter_server(X, y, cfg, round_robin(workers, cfg.steps))
     return dict(runs=runs, workers=workers, cfg=cfg, serial_large=large, serial_small=small,
                 serial_large_loss=full_loss(large, X, y, cfg.hidden),
-                serial_small_loss=full_loss(small, X, y, cfg.hidden))
+                serial_small_loss=full_loss(small, X, y, cfg.hidden),
+                serial_orders_loss=[full_loss(replay_parameter_server(
+                    X, y, cfg, shuffled_order(workers, cfg.steps, seed)), X, y, cfg.hidden)
+                    for seed in range(orders)])
