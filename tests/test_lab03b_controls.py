@@ -1,23 +1,16 @@
 """lab 03b's controls (labutils.experiments.staleness): the traces that turn a replay into serial
 SGD, the staleness counted from a trace, and the straggler experiment's invariants."""
-import functools
-
 import pytest
 import torch
 
-import labutils as lu
 from labutils import async_sgd as A
 from labutils import staleness as St
+
+from .test_async_sgd import _digits   # the flattened digits, loaded once
 
 pytestmark = pytest.mark.lab03b
 
 CFG = A.SGDConfig(steps=30, batch_size=16, lr=0.1, eval_every=10)
-
-
-@functools.lru_cache(maxsize=None)
-def _digits():
-    X, y = lu.datasets.digits("train")
-    return X.flatten(1), y
 
 
 def test_round_robin_is_every_workers_step_in_turn_at_staleness_zero():
