@@ -126,13 +126,18 @@ LABS = (
         "DistributedSampler, no_sync accumulation, compression hooks, exact resume from a "
         "checkpoint, torchrun with a killed worker", "1.5",
         checkers=("no_sync_accumulation",)),
-    Lab("4 Performance analysis 性能分析", "04c_ddp_performance",
-        ("ddp_performance", "comm_spans", "costmodel", "emulation", "shm_allreduce",
-         "emulated_ddp", "plots", "timeline_plot"),
-        "strong and weak scaling with error bars, per-rank timelines, bucket sweep vs cost "
-        "model, a shared-memory all-reduce, speedup on emulated 100 Mb-10 Gb links with "
-        "buckets, overlap and bf16", "1.5",
-        checkers=("bus_bandwidth",), benchmarks=("ddp", "emulated_ddp")),
+    Lab("4 Performance analysis 性能分析 (1): scaling and overlap", "04c1_scaling_and_overlap",
+        ("ddp_performance", "comm_spans", "costmodel", "step_time", "plots", "timeline_plot"),
+        "strong and weak scaling with error bars, per-rank timelines, what overlap buys "
+        "(buckets launched after backward, paired), one thread's exposed communication, "
+        "three cost models vs the bucket sweep", "1",
+        checkers=("exposed_comm",), benchmarks=("ddp",)),
+    Lab("4 Performance analysis 性能分析 (2): links, shared memory and the cost model",
+        "04c2_links_and_cost_model",
+        ("ddp_performance", "costmodel", "emulation", "shm_allreduce", "emulated_ddp", "plots"),
+        "the machine's limits (memory copy, gloo, shared memory), 2 ranks vs one process, "
+        "emulated links that bind, the cost model against real runs", "1",
+        checkers=("bus_bandwidth",), benchmarks=("emulated_ddp",)),
     Lab("5 Model parallelism principles 模型并行化原理", "05_model_parallel_principles",
         ("model_parallel", "model_parallel_runs", "stage_observers", "stage_memory", "memory",
          "microbatch", "microbatch_idle", "split_matmul", "timeline", "timeline_plot"),

@@ -137,7 +137,7 @@ def _bucketed_default_and_shm(rank, world_size):
                            "shm_chunks": shm.turn}
 
 
-@pytest.mark.lab04c
+@pytest.mark.lab04c2
 @pytest.mark.slow
 def test_shm_hook_in_bucketed_ddp_equals_gloo_and_single_process():
     if not lu.shm_allreduce.supported():

@@ -4,7 +4,7 @@ import pytest
 from labutils import costmodel as cm
 from labutils import emulated_ddp as ed
 
-pytestmark = [pytest.mark.lab04c]
+pytestmark = [pytest.mark.lab04c2]
 
 
 @pytest.mark.slow

@@ -81,14 +81,14 @@ WORLD_SIZES_DTYPES = [(2, torch.float32), (2, torch.bfloat16), (3, torch.float32
                       (4, torch.bfloat16)]
 
 
-@pytest.mark.lab04c
+@pytest.mark.lab04c2
 @pytest.mark.slow
 @pytest.mark.parametrize("world_size,dtype", WORLD_SIZES_DTYPES)
 def test_equal_to_dist_all_reduce(world_size, dtype):
     _launch_and_compare(_compare, world_size, dtype)
 
 
-@pytest.mark.lab04c
+@pytest.mark.lab04c2
 @pytest.mark.slow
 @pytest.mark.parametrize("world_size,dtype", WORLD_SIZES_DTYPES)
 def test_zero_copy_buffer_equal_to_dist_all_reduce(world_size, dtype):
@@ -101,7 +101,7 @@ def _crash_after_create(rank, world_size):
     raise RuntimeError("boom")  # no close(): the process just dies
 
 
-@pytest.mark.lab04c
+@pytest.mark.lab04c2
 @pytest.mark.slow
 def test_no_segment_left_when_a_rank_dies():
     before = _shm_entries()
@@ -131,7 +131,7 @@ def _ddp_with_hook(rank, world_size, use_shm):
     return {n: p.detach() for n, p in model.named_parameters()}
 
 
-@pytest.mark.lab04c
+@pytest.mark.lab04c2
 @pytest.mark.slow
 def test_as_ddp_comm_hook_equals_default_ddp():
     default = lu.launch(_ddp_with_hook, False, world_size=2)
@@ -145,7 +145,7 @@ def _bad_input(rank, world_size):
         shm.all_reduce_(torch.ones(4, 4).t())
 
 
-@pytest.mark.lab04c
+@pytest.mark.lab04c2
 @pytest.mark.slow
 def test_non_contiguous_refused_with_fix():
     with pytest.raises(lu.WorkerError, match=r"contiguous.*\.contiguous\(\)"):
@@ -178,14 +178,14 @@ def _on_arm(rank, world_size):
     return refused, [str(w.message) for w in caught], type(reducer).__name__, x, expected
 
 
-@pytest.mark.lab04c
+@pytest.mark.lab04c2
 def test_store_order_is_known_per_cpu():
     assert shm_allreduce.supported("x86_64") and shm_allreduce.supported("AMD64")
     for machine in ("arm64", "aarch64", "armv7l", "ppc64le", "riscv64", "s390x"):
         assert not shm_allreduce.supported(machine), machine
 
 
-@pytest.mark.lab04c
+@pytest.mark.lab04c2
 @pytest.mark.slow
 def test_non_x86_refused_and_falls_back_to_gloo():
     for refused, warned, kind, got, expected in lu.launch(_on_arm, world_size=2):

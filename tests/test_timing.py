@@ -256,3 +256,21 @@ def test_too_few_paired_rounds_never_claim_a_difference():
     c = lu.timing.compare([1.0, 1.0, 1.0, 1.0, 1.0], [2.0] * 5, paired=True)
     assert not c.resolved        # 5 rounds cannot give a 95% interval for the median ratio
     assert c.word() == "not measurably different from"
+
+
+def test_an_intended_null_is_within_its_margin_only_when_the_whole_interval_is():
+    rng = np.random.default_rng(0)
+    base = rng.uniform(1.0, 2.0, 40)
+    close = base * rng.uniform(0.97, 1.03, 40)           # within 3% round by round
+    c = lu.timing.compare(close, base, paired=True)
+    assert c.equivalent(0.05) and c.word_within(0.05) == "within ±5% of"
+    assert not c.equivalent(0.001)                       # a margin too tight for the data
+    assert c.word_within(0.001) == "not measurably different from"
+    noisy = base * rng.uniform(0.5, 1.5, 40)             # untold apart, but not shown equal
+    n = lu.timing.compare(noisy, base, paired=True)
+    assert not n.resolved and not n.equivalent(0.05)
+    assert n.word_within(0.05) == "not measurably different from"
+    slower = lu.timing.compare(base * 1.2, base, paired=True)
+    assert slower.word_within(0.5) == "slower than"      # a real difference is never "within"
+    few = lu.timing.compare([1.0] * 5, [1.0] * 5, paired=True)
+    assert not few.equivalent(0.5)                       # no 95% interval from 5 rounds

@@ -97,6 +97,20 @@ class Comparison:
             return tr("slower than") if more is None else more
         return tr("not measurably different from")
 
+    def equivalent(self, margin):
+        """The data show a and b within ``margin`` of each other (e.g. 0.1 for 10%): the whole
+        95% interval lies inside [1 - margin, 1 + margin]. Two one-sided tests at 5% each need
+        only the 90% interval, so this is the stricter reading. An interval that merely
+        includes 1 ("not measurably different") is not evidence of equality; this is."""
+        return bool(np.isfinite(self.lo) and np.isfinite(self.hi)
+                    and self.lo >= 1 - margin and self.hi <= 1 + margin)
+
+    def word_within(self, margin, less=None, more=None):
+        """For an intended null: "within ±x% of" when ``equivalent(margin)``, else ``word``."""
+        if not self.resolved and self.equivalent(margin):
+            return tr("within ±{pct}% of", pct=f"{100 * margin:g}")
+        return self.word(less, more)
+
     def fmt(self, digits=3):
         g = lambda x: f"{x:.{digits}g}"
         if self.paired:

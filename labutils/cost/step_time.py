@@ -58,6 +58,18 @@ def data_parallel_step(compute_s, grad_bytes, world_size, link, overlap=0.0, num
     return StepTime(compute_s, comm, exposed)
 
 
+def exposed_comm(ready, comm, backward_end):
+    """Seconds a step waits after backward for its buckets, when one communication thread runs
+    them one at a time in order (gloo with one thread, 04c1): bucket b is ready ``ready[b]``
+    seconds into backward and its all-reduce takes ``comm[b]`` seconds; backward ends at
+    ``backward_end``. Unlike ``data_parallel_step`` the buckets may differ in size and fill at
+    any time."""
+    free = 0.0                        # when the thread can take the next bucket
+    for r, c in zip(ready, comm, strict=True):
+        free = max(free, r) + c       # a bucket starts once it is ready and the thread is free
+    return max(0.0, free - backward_end)   # what ran before backward's end was hidden
+
+
 def pipeline_step(compute_s, num_stages, num_microbatches, activation_bytes, link):
     """GPipe/1F1B: ``compute_s`` of the whole model on one device, cut into p equal stages.
 

@@ -50,7 +50,29 @@ def _no_sync_harness(rank, world_size, learner_fn, seed, micro_batches, uneven=T
     expected = {gradients: {n: p.grad for n, p in reference.named_parameters()}, passes: 1}
     got = {gradients: {n: p.grad for n, p in model.named_parameters()},
            passes: calls.count(0)}  # bucket 0 opens each round
+    if uneven and _equal_weights(reference, batches, got[gradients]):
+        got[_EQUAL_WEIGHTS] = True   # the typical mistake: check_ names it, not an element
     return expected, got
+
+
+_EQUAL_WEIGHTS = "equal weights"   # a marker key, never shown
+
+
+def _equal_weights_message():
+    return tr("the micro-batches hold different numbers of samples, but your gradients weight "
+              "them equally: the mean of their mean losses is not the mean over every sample")
+
+
+def _equal_weights(reference, batches, grads):
+    """True when ``grads`` are those of the mean of the micro-batches' mean losses (each
+    weighted 1/k), which differ from the right ones when the sizes differ."""
+    wrong = type(reference)()
+    wrong.load_state_dict(reference.state_dict())
+    wrong.zero_grad(set_to_none=True)
+    loss = sum(nn.functional.mse_loss(wrong(X), y) for X, y in batches) / len(batches)
+    loss.backward()
+    return all(g is not None and torch.allclose(g, p.grad, rtol=1e-4, atol=1e-6)
+               for (_, p), g in zip(wrong.named_parameters(), grads.values()))
 
 
 def check_no_sync_accumulation(learner_fn, *, timeout=60.0):
@@ -58,5 +80,9 @@ def check_no_sync_accumulation(learner_fn, *, timeout=60.0):
     sizes: afterwards ``.grad`` holds the gradient of the mean loss over every sample of every
     rank, and DDP all-reduced only once (in the last backward)."""
     cases = make_cases(world_sizes=(2, 3), per_world_size=1, seed=7, micro_batches=[2, 3, 4])
-    return run_check("no_sync_accumulation", learner_fn, _no_sync_harness, cases,
-                     timeout=timeout)
+    result = run_check("no_sync_accumulation", learner_fn, _no_sync_harness, cases,
+                       timeout=timeout)
+    if not result.passed and repr(_EQUAL_WEIGHTS) in result.message:
+        where = result.message.split(": rank ", 1)[0]
+        return type(result)(False, f"{where}: {_equal_weights_message()}", result.case)
+    return result

@@ -37,6 +37,7 @@ from labutils.core.commcount import count_collectives
 from labutils.core.rank import progress
 from labutils.core.timeline import Span, Timeline
 from labutils.core.timing import slowest_rank
+from labutils.cost import costmodel, step_time
 from labutils.data import models, workloads
 from labutils.parallel.ddp import BucketedDDP
 
@@ -83,7 +84,7 @@ def split_calls(rank, calls, starts_by_rank, **meta):
         label = f"b{b}"
         spans += [Span(rank, "queue", c.launched, start, label, dict(meta, nbytes=c.nbytes)),
                   Span(rank, "peer wait", start, everyone, label, dict(meta)),
-                  Span(rank, "transfer", everyone, c.completed, label, dict(meta))]
+                  Span(rank, "transfer", everyone, c.completed, label, dict(meta, nbytes=c.nbytes))]
     return spans
 
 
@@ -227,3 +228,41 @@ def exposed(per_round):
     (sync - no_sync per round) and of what overlap saves (after backward - sync per round)."""
     s, n, a = (np.asarray(per_round[k]) for k in ("sync", "no_sync", "after backward"))
     return median_interval(s - n), median_interval(a - s)
+
+
+def bucket_profile(spans):
+    """What the cost model needs, read off ``timeline_worker``'s spans (all ranks and steps):
+    ``nbytes`` per bucket; ``ready``, the median fraction of backward that had run when each
+    bucket was launched; ``backward share``, backward's median share of forward + backward
+    (fractions: the clock-reading slowdown of the timed steps divides out, roughly); and
+    ``transfers``, (bytes, seconds) of every transfer span, to fit alpha and beta on."""
+    fwd = {(s.rank, s.meta["step"]): s for s in spans if s.name == "forward"}
+    bwd = {(s.rank, s.meta["step"]): s for s in spans if s.name == "backward"}
+    queues = {}
+    for s in spans:
+        if s.name == "queue":
+            b = bwd[(s.rank, s.meta["step"])]
+            queues.setdefault(int(s.label[1:]), []).append(
+                (s.meta["nbytes"], (s.start - b.start) / b.duration))
+    order = sorted(queues)
+    return {"nbytes": [queues[b][0][0] for b in order],
+            "ready": [float(np.median([f for _, f in queues[b]])) for b in order],
+            "backward share": float(np.median([bwd[k].duration / (fwd[k].duration + bwd[k].duration)
+                                               for k in bwd])),
+            "transfers": [(s.meta["nbytes"], s.duration) for s in spans if s.name == "transfer"]}
+
+
+def predicted_exposed(profile, step_s, alpha, beta, world_size=2):
+    """Exposed communication (seconds) three ways, for a step of ``step_s`` seconds without
+    communication: ``"no overlap"`` (every all-reduce after backward); ``"equal buckets"``
+    (``step_time.data_parallel_step``, lab 07's: equal buckets, backward 2/3 of the step);
+    ``"this run's buckets"`` (``step_time.exposed_comm`` with the profile's bucket sizes,
+    launch fractions and backward share)."""
+    nbytes = profile["nbytes"]
+    comm = [costmodel.allreduce_time(n, world_size, alpha, beta) for n in nbytes]
+    backward = profile["backward share"] * step_s
+    equal = step_time.data_parallel_step(step_s, sum(nbytes), world_size, (alpha, beta),
+                                         overlap=1.0, num_buckets=len(nbytes))
+    return {"no overlap": sum(comm), "equal buckets": equal.exposed_comm,
+            "this run's buckets": step_time.exposed_comm([f * backward for f in profile["ready"]],
+                                                         comm, backward)}

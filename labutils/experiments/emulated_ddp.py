@@ -1,4 +1,4 @@
-"""Data parallelism on emulated links (04c section 6, 07): speedup against link speed, and what
+"""Data parallelism on emulated links (04c2 section 3, 07): speedup against link speed, and what
 buckets, overlap and compression win back.
 
 A 2-core laptop has no slow network, so its DDP runs look compute-bound. Here every gradient
@@ -40,6 +40,9 @@ VARIANTS = {
     "buckets + bf16": (0.25, torch.bfloat16),
 }
 NO_COMM = "no communication"
+# a "link" that is no emulation: BucketedDDP's own gloo all-reduce, the real run the cost model
+# (with this machine's fitted alpha and beta) is tested against; fp32 variants only
+REAL = "real gloo"
 
 
 def mlp(width=512, depth=4, classes=10, seed=0):
@@ -56,7 +59,14 @@ def make_variant(link, bucket_cap_mb, compress_dtype, width, depth):
 
 
 def link_name(link):
-    return cm.get_link(link).name
+    return REAL if isinstance(link, str) and link == REAL else cm.get_link(link).name
+
+
+def _variants_on(link, variants):
+    """The variants ``link`` runs: on the real wire only those that send fp32."""
+    if link_name(link) != REAL:
+        return variants
+    return {k: v for k, v in variants.items() if v[1] is None}
 
 
 def step_times(rank, world_size, links, variants=None, steps=4, width=512, depth=4, batch=256):
@@ -70,8 +80,10 @@ def step_times(rank, world_size, links, variants=None, steps=4, width=512, depth
     variants = dict(VARIANTS if variants is None else variants)
     runs = {}
     for link in links:
-        for name, (cap, dtype) in variants.items():
-            runs[(link_name(link), name)] = make_variant(link, cap, dtype, width, depth)
+        for name, (cap, dtype) in _variants_on(link, variants).items():
+            runs[(link_name(link), name)] = (
+                BucketedDDP(mlp(width, depth), bucket_cap_mb=cap) if link_name(link) == REAL
+                else make_variant(link, cap, dtype, width, depth))
     runs[(None, NO_COMM)] = mlp(width, depth)   # gradients stay local: the ceiling
     torch.manual_seed(1000 + rank)              # each rank its own batch
     x, y = torch.randn(batch, width), torch.randint(10, (batch,))
@@ -94,7 +106,8 @@ def step_times(rank, world_size, links, variants=None, steps=4, width=512, depth
     grad_diff = {key: (flat_grad(model) - reference).abs().max().item()
                  for key, model in runs.items() if key[1] != NO_COMM}
     first = next(iter(runs.values()))
-    num_buckets = {name: len(runs[(link_name(links[0]), name)].buckets) for name in variants}
+    num_buckets = {name: len(model.buckets) for (_, name), model in reversed(runs.items())
+                   if name != NO_COMM}
     grad_bytes = sum(p.numel() * p.element_size() for p in first.parameters())
     return dict(times=times, grad_diff=grad_diff, grad_bytes=grad_bytes, num_buckets=num_buckets)
 
@@ -118,16 +131,40 @@ def run(links=("1GbE", "10GbE"), world_size=2, steps=4, width=512, depth=4, batc
     res0 = out[0]
     rows = []
     for link in links:
-        for name, (cap, dtype) in variants.items():
+        real = link_name(link) == REAL
+        if real and floor is None:
+            raise ValueError(f"the {REAL!r} rows are predicted from this machine's fitted "
+                             "floor=(alpha, beta); pass it")
+        wire = tuple(floor) if real else link   # the real rows: the model on the fitted floor
+        for name, (cap, dtype) in _variants_on(link, variants).items():
             step = stats[(link_name(link), name)]
             rows.append(dict(
-                link=link_name(link), gbps=cm.get_link(link).bandwidth * 8e-9,
+                link=link_name(link), gbps=cm.get_link(wire).bandwidth * 8e-9,
                 variant=name, step=step, compute=compute,
                 measured=world_size * compute.median / step.median,
-                predicted=predict(compute.median, res0["grad_bytes"], link, world_size,
+                predicted=predict(compute.median, res0["grad_bytes"], wire, world_size,
                                   res0["num_buckets"][name], overlap=name != "one bucket",
-                                  compressed=dtype is not None, floor=floor)))
+                                  compressed=dtype is not None, floor=None if real else floor),
+                binds="local" if real else binding_floor(
+                    res0["grad_bytes"], link, world_size, res0["num_buckets"][name],
+                    dtype is not None, floor)))
     return rows
+
+
+def binding_floor(grad_bytes, link, world_size, num_buckets, compressed, floor):
+    """Which floor sets a step's all-reduce time: ``"link"`` when the emulated link's modelled
+    all-reduce of the gradients takes longer than this machine's own (fitted ``floor``,
+    ``(alpha, beta)``), ``"local"`` when the real all-reduce under the emulation takes longer:
+    then the hook's wait is already over when gloo finishes, and the row shows this machine,
+    not the link. ``None`` without a floor."""
+    if floor is None:
+        return None
+    nbytes = grad_bytes / 2 if compressed else grad_bytes
+    on_link = step_time.data_parallel_step(0.0, nbytes, world_size, link,
+                                           num_buckets=num_buckets).comm
+    here = step_time.data_parallel_step(0.0, nbytes, world_size, tuple(floor),
+                                        num_buckets=num_buckets).comm
+    return "link" if on_link > here else "local"
 
 
 def assert_same_gradients(per_rank, variants):
@@ -161,8 +198,14 @@ def predict(compute_s, grad_bytes, link, world_size, num_buckets, overlap, compr
     return world_size * compute_s / (compute_s + exposed)
 
 
-def table(rows):
-    """The rows as text: one line per (link, variant)."""
+def table(rows, binds=False):
+    """The rows as text: one line per (link, variant); ``binds=True`` adds which floor binds
+    (``binding_floor``) and leaves out the model column (a check of the bookkeeping only)."""
+    if binds:
+        body = text_table([(r["link"], r["variant"], f"{r['step'].median * 1e3:.1f}",
+                            f"{r['measured']:.2f}", r["binds"]) for r in rows],
+                          ["link", "variant", "step ms", "speedup", "floor that binds"])
+        return body + f"\ncompute only: {rows[0]['compute'].median * 1e3:.1f} ms per step"
     body = text_table([(r["link"], r["variant"], f"{r['step'].median * 1e3:.1f}",
                         f"{r['measured']:.2f}", f"{r['predicted']:.2f}") for r in rows],
                       ["link", "variant", "step ms", "speedup", "model"])

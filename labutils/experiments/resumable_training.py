@@ -39,11 +39,12 @@ def _loader(wl, rank, world_size, seed, batch_size):
 
 def train_script(rank, world_size, steps=30, ckpt_dir=None, ckpt_every=5, kill_at_step=None,
                  kill_rank=None, seed=0, batch_size=64, lr=0.05, noise=0.1, hook=None,
-                 workload="digits", out=None, evaluate=False):
+                 workload="digits", out=None, evaluate=False, kill_attempts=1):
     """Train ``workload`` with ``DistributedDataParallel``; resume from ``ckpt_dir`` if it holds
     a checkpoint; save one every ``ckpt_every`` steps. ``kill_at_step=k`` SIGKILLs rank
-    ``kill_rank`` (default: the last) after step k, on a first attempt only (torchrun's
-    ``TORCHELASTIC_RESTART_COUNT`` is 0 or unset), to rehearse a crash.
+    ``kill_rank`` (default: the last) after step k, on the first ``kill_attempts`` attempts
+    only (torchrun's ``TORCHELASTIC_RESTART_COUNT`` below it; unset is 0), to rehearse a crash;
+    ``kill_attempts=2`` with ``--max-restarts=1`` uses the restarts up.
 
     Returns ``{"losses": {step: global mean loss}, "start": step resumed from, "state": final
     weights, "accuracy", "allreduce_bytes_per_step" (the mean) and "allreduce_bytes_by_step",
@@ -61,7 +62,7 @@ def train_script(rank, world_size, steps=30, ckpt_dir=None, ckpt_every=5, kill_a
     if ckpt_dir and latest(ckpt_dir):
         step = start = load(latest(ckpt_dir), model, opt, sampler)["step"]
     kill_rank = world_size - 1 if kill_rank is None else kill_rank
-    first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+    doomed = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) < kill_attempts
     losses, bytes_by_step = {}, {}
     while step < steps:
         for xb, yb in loader:
@@ -80,7 +81,7 @@ def train_script(rank, world_size, steps=30, ckpt_dir=None, ckpt_every=5, kill_a
             losses[step] = float(report) / world_size
             if ckpt_dir and step % ckpt_every == 0:
                 save(ckpt_dir, step, model, opt, sampler)
-            if step == kill_at_step and rank == kill_rank and first_attempt:
+            if step == kill_at_step and rank == kill_rank and doomed:
                 os.kill(os.getpid(), signal.SIGKILL)  # no cleanup, like a lost machine
             if step >= steps:
                 break

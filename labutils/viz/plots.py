@@ -93,13 +93,15 @@ def efficiency(speedups, baseline=1):
     return out
 
 
-def plot_scaling(times_by_world_size, ax=None, title="", weak=False):
+def plot_scaling(times_by_world_size, ax=None, title="", weak=False, ideal=None):
     """Speedup (strong scaling) or efficiency (weak scaling) against world size, with error
-    bars and the ideal line. ``times_by_world_size``: ``{p: Stats}`` of time per step."""
+    bars and the ideal line. ``times_by_world_size``: ``{p: Stats}`` of time per step.
+    ``ideal``: the ideal speedup as a function of p (default p over the baseline's p; pass
+    the cores' limit when ranks share fewer cores than p)."""
     ps = sorted(times_by_world_size)
     s = speedup(times_by_world_size, baseline=ps[0])
     if weak:  # the work grows with p: ideal time stays flat, efficiency = t(1) / t(p)
         return plot_lines(ps, {"efficiency": [s[p] for p in ps]}, ax=ax, xlabel="ranks",
-                          ylabel="efficiency  t(1)/t(p)", title=title, ideal=[1.0] * len(ps))
+                          ylabel="efficiency  t(1)/t(p)", title=title, ideal=ideal or [1.0] * len(ps))
     return plot_lines(ps, {"speedup": [s[p] for p in ps]}, ax=ax, xlabel="ranks",
-                      ylabel="speedup  t(1)/t(p)", title=title, ideal=lambda p: p / ps[0])
+                      ylabel="speedup  t(1)/t(p)", title=title, ideal=ideal or (lambda p: p / ps[0]))
