@@ -70,7 +70,7 @@ def test_committed_chinese_notebook_is_the_build(lab):
 
 # a lab whose catalog is fully translated (no fuzzy entry): the tests below count what one edit
 # turns fuzzy
-LAB = "04a_ddp_from_scratch"
+LAB = "05_model_parallel_principles"
 
 
 @pytest.fixture

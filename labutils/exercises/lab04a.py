@@ -4,7 +4,7 @@ notebooks call them as ``lu.check_<name>``."""
 import torch
 
 from labutils.core.i18n import tr
-from labutils.exercises.base import make_cases, run_check
+from labutils.exercises.base import CheckResult, make_cases, not_implemented, run_check
 from labutils.experiments.ddp_equivalence import (
     MixedNet,
     train_data_parallel,
@@ -72,6 +72,32 @@ def sync_gradients(model):
 
 
 
+def _sizes_agreed(learner_fn):
+    """``learner_fn`` with every ``dist.all_reduce`` it calls preceded by an all-gather of the
+    tensor's size: ranks that all-reduce different sizes (the typical mistake: skipping the
+    gradients that are None on this rank only) get a message instead of a hang."""
+    import torch.distributed as dist
+
+    def run(model):
+        real = dist.all_reduce
+
+        def agreed(tensor, *args, **kwargs):
+            sizes = [None] * dist.get_world_size()
+            dist.all_gather_object(sizes, tensor.numel())
+            if len(set(sizes)) > 1:
+                raise ValueError(tr("the ranks all-reduce tensors of different sizes ({sizes} "
+                                    "numbers): a rank that skips the gradients it has not got "
+                                    "(None) sends a shorter buffer; put zeros in their place",
+                                    sizes=", ".join(map(str, sizes))))
+            return real(tensor, *args, **kwargs)
+        dist.all_reduce = agreed
+        try:
+            return learner_fn(model)
+        finally:
+            dist.all_reduce = real
+    return run
+
+
 def _sync_gradients_harness(rank, world_size, learner_fn, seed, aux_pattern, steps=3):
     # float64: the ranks sum in another order than one process; in float64 the difference
     # (~1e-16 relative) stays far inside the tolerance on every CPU, a wrong average does not
@@ -80,7 +106,7 @@ def _sync_gradients_harness(rank, world_size, learner_fn, seed, aux_pattern, ste
                                dtype=torch.float64)
     got, counts = train_data_parallel(rank, world_size, "custom", steps=steps,
                                       batch_size=6 * world_size, seed=seed,
-                                      aux_pattern=aux_pattern, sync=learner_fn,
+                                      aux_pattern=aux_pattern, sync=_sizes_agreed(learner_fn),
                                       dtype=torch.float64)
     weights = tr("weights")
     calls = tr("all-reduce calls: at most 2 per step (usage flags, then one flat buffer)")
@@ -99,42 +125,114 @@ def check_sync_gradients(learner_fn, *, timeout=60.0):
                      timeout=timeout)
 
 
+def _assign(params, bucket_cap_mb, *, reach=True, per_dtype=True, split_dtypes=True,
+            reverse=True):
+    """Greedy bucket assignment; the defaults are PyTorch's rule, each flag off one typical
+    mistake: ``reach`` (close once the bucket has reached the cap, not before a parameter would
+    pass it), ``per_dtype`` (one open bucket per dtype), ``split_dtypes`` (a bucket holds one
+    dtype), ``reverse`` (reverse registration order: the order backward produces gradients)."""
+    cap = int(bucket_cap_mb * 2**20)
+    order = list(reversed(list(params))) if reverse else list(params)
+    done, open_ = [], {}
+    for p in order:
+        key = (p.dtype if per_dtype else "open") if split_dtypes else "all"
+        if split_dtypes and not per_dtype and open_ and open_["open"][0].dtype != p.dtype:
+            done.append(open_.pop("open"))          # another dtype closes the open bucket
+        bucket = open_.setdefault(key, [])
+        size = sum(q.numel() * q.element_size() for q in bucket)
+        if not reach and bucket and size + p.numel() * p.element_size() > cap:
+            done.append(open_.pop(key))
+            bucket = open_.setdefault(key, [])
+        bucket.append(p)
+        if reach and size + p.numel() * p.element_size() >= cap:
+            done.append(open_.pop(key))
+    first = {id(p): i for i, p in enumerate(order)}
+    return sorted(done + list(open_.values()), key=lambda b: first[id(b[0])])
+
+
 def torch_buckets(params, bucket_cap_mb):
     """Reference: PyTorch DDP's bucket rule. In reverse registration order, add each parameter to
-    the open bucket (a parameter of another dtype opens a new one), and close the bucket once it
-    has reached ``bucket_cap_mb`` MiB, so a bucket may end above the cap."""
+    the open bucket of its dtype (PyTorch keeps one open bucket per dtype, so a parameter of
+    another dtype does not close it), and close that bucket once it has reached
+    ``bucket_cap_mb`` MiB, so a bucket may end above the cap. Buckets are listed in the order
+    of their first parameter."""
     cap = int(bucket_cap_mb * 2**20)
-    buckets, current, size = [], [], 0
-    for p in reversed(list(params)):
-        if current and p.dtype != current[0].dtype:
-            buckets.append(current)
-            current, size = [], 0
-        current.append(p)
-        size += p.numel() * p.element_size()
-        if size >= cap:
-            buckets.append(current)
-            current, size = [], 0
-    return buckets + ([current] if current else [])
+    order = list(reversed(list(params)))
+    done, open_ = [], {}              # dtype -> the bucket still filling
+    for p in order:
+        bucket = open_.setdefault(p.dtype, [])
+        bucket.append(p)
+        if sum(q.numel() * q.element_size() for q in bucket) >= cap:
+            done.append(open_.pop(p.dtype))
+    first = {id(p): i for i, p in enumerate(order)}
+    return sorted(done + list(open_.values()), key=lambda b: first[id(b[0])])
 
 
-def _torch_buckets_harness(rank, world_size, learner_fn, seed, bucket_cap_mb):
-    import torch.distributed as dist
-    torch.manual_seed(seed)
-    model = MixedNet(hidden=[16, 32, 64][seed % 3])
-    names = {id(p): n for n, p in model.named_parameters()}
-    reverse = list(reversed(list(model.parameters())))
-    # PyTorch's own assignment (an internal function that DDP itself calls)
-    indices, _ = dist._compute_bucket_assignment_by_size(reverse, [int(bucket_cap_mb * 2**20)])
-    expected = [[names[id(reverse[i])] for i in bucket] for bucket in indices]
-    got = [[names.get(id(p), "?") for p in b]
-           for b in learner_fn(list(model.parameters()), bucket_cap_mb)]
-    return expected, got
+# (hidden, head dtype, bucket_cap_mb): float32 first, then a float64 head
+_BUCKET_CASES = ((32, None, 0.07), (16, None, 0.001), (64, None, 0.02), (32, None, 25.0),
+                 (32, torch.float64, 0.02), (32, torch.float64, 0.001), (16, torch.float64, 0.004))
 
 
-def check_torch_buckets(learner_fn, *, timeout=20.0):
+def _bucket_mistakes():
+    return (
+        (dict(reach=False), tr("that is section 3's rule (close a bucket before a parameter "
+                               "would take it over the cap); PyTorch adds the parameter first "
+                               "and closes the bucket once it has reached the cap")),
+        (dict(reverse=False), tr("the buckets follow registration order; PyTorch fills them in "
+                                 "reverse, the order backward produces the gradients")),
+        (dict(split_dtypes=False), tr("a bucket mixes dtypes (head is float64 here); one flat "
+                                      "buffer holds one dtype")),
+        (dict(per_dtype=False), tr("a parameter of another dtype closed the open bucket; "
+                                   "PyTorch keeps one open bucket per dtype, so the float32 "
+                                   "parameters after head go on filling theirs")),
+    )
+
+
+def check_torch_buckets(learner_fn):
     """Check ``learner_fn(params, bucket_cap_mb) -> list of lists of parameters`` against the
-    buckets PyTorch's DDP assigns (its own function computes the expected ones)."""
-    cases = make_cases(world_sizes=(2,), per_world_size=3, seed=1,
-                       bucket_cap_mb=[0.001, 0.004, 0.02, 0.07, 25.0])
-    return run_check("torch_buckets", learner_fn, _torch_buckets_harness, cases,
-                     timeout=timeout)
+    buckets PyTorch's DDP assigns (its own function computes the expected ones), on float32
+    models and on models whose head is float64. No processes: the rule is local."""
+    import torch.distributed as dist
+    if not callable(learner_fn):
+        raise TypeError(tr("check_torch_buckets needs your function itself, e.g. "
+                           "lu.check_torch_buckets(my_buckets)"))
+    for number, (hidden, head_dtype, cap) in enumerate(_BUCKET_CASES, 1):
+        where = tr("[wrong] {name}: case {number} of {total} ({case})", name="torch_buckets",
+                   number=number, total=len(_BUCKET_CASES),
+                   case=f"MixedNet(hidden={hidden}, head_dtype={head_dtype}), "
+                        f"bucket_cap_mb={cap}")
+        model = MixedNet(hidden=hidden, head_dtype=head_dtype)
+        names = {id(p): n for n, p in model.named_parameters()}
+        reverse = list(reversed(list(model.parameters())))
+        # PyTorch's own assignment (an internal function that DDP itself calls)
+        indices, _ = dist._compute_bucket_assignment_by_size(reverse, [int(cap * 2**20)])
+        expected = [[names[id(reverse[i])] for i in bucket] for bucket in indices]
+        try:
+            got = learner_fn(list(model.parameters()), cap)
+        except NotImplementedError:
+            return CheckResult(False, not_implemented("torch_buckets"))
+        except Exception as e:   # noqa: BLE001 (report any error as the learner's)
+            return CheckResult(False, tr("{where}: raised {error}: {message}", where=where,
+                                         error=type(e).__name__, message=e))
+        if got is None:
+            return CheckResult(False, not_implemented("torch_buckets"))
+        try:
+            got = [[names.get(id(p), "?") for p in b] for b in got]
+        except TypeError:
+            return CheckResult(False, tr("{where}: expected a list of lists of parameters",
+                                         where=where))
+        if got == expected:
+            continue
+        params = list(model.parameters())
+        why = next((text for flags, text in _bucket_mistakes()
+                    if got == [[names[id(p)] for p in b] for b in _assign(params, cap, **flags)]),
+                   None)
+        if why is None:
+            b = next((i for i, (e, g) in enumerate(zip(expected, got)) if e != g),
+                     min(len(expected), len(got)))
+            why = tr("bucket {index} differs: PyTorch puts {expected} there, you put {got}",
+                     index=b, expected=expected[b] if b < len(expected) else "nothing",
+                     got=got[b] if b < len(got) else "nothing")
+        return CheckResult(False, f"{where}: {why}")
+    return CheckResult(True, tr("[ok] {name}: {total} cases passed", name="torch_buckets",
+                                total=len(_BUCKET_CASES)))

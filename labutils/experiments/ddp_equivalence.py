@@ -1,19 +1,14 @@
 """Every DDP version of 04a trained side by side with one process: a small model of mixed
-parameter sizes, its batches, the single-process reference and the data-parallel run; and
-``time_versions``, one training step of every version timed in paired rounds (04a)."""
+parameter sizes, its batches, the single-process reference and the data-parallel run."""
 import contextlib
 import os
 import sys
-import time
-import uuid
 
 import torch
 from torch import nn
 
 from labutils.core.commcount import count_collectives
 from labutils.core.rank import progress
-from labutils.core.timing import Stats, slowest_rank
-from labutils.experiments.comm_spans import AfterBackwardDDP
 from labutils.parallel.ddp import BucketedDDP, HookedDDP, naive_allreduce_grads
 
 
@@ -136,69 +131,3 @@ def train_data_parallel(rank, world_size, version="bucketed", steps=4, batch_siz
     counts = {"allreduces": counted.all_reduces}   # issued by this rank, counted (not computed)
     return {n: p.detach().clone() for n, p in model.named_parameters()}, counts
 
-
-# ---- every version's step timed side by side (04a, section 5) -------------------------------
-
-TIMED = ("naive", "hooks", "bucketed", "after backward", "torch")
-
-
-def _timed_version(version, model, bucket_cap_mb):
-    """(module to call, what to run between backward and ``opt.step()``) for one version."""
-    if version == "naive":
-        return model, lambda: naive_allreduce_grads(model)
-    if version == "hooks":
-        wrapped = HookedDDP(model)
-        return wrapped, wrapped.wait
-    if version == "bucketed":
-        return BucketedDDP(model, bucket_cap_mb=bucket_cap_mb), None
-    if version == "after backward":   # the same buckets, sent once backward has finished
-        return AfterBackwardDDP(model, bucket_cap_mb=bucket_cap_mb), None
-    if version == "torch":
-        return nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb), None
-    raise ValueError(f"unknown version {version!r}; choose from {TIMED}")
-
-
-def time_versions(rank, world_size, hidden=256, batch_size=256, rounds=25, bucket_cap_mb=0.5,
-                  versions=TIMED):
-    """Seconds of one training step (zero_grad, forward, backward, gradient averaging,
-    ``opt.step()``) of every version on MixedNet of width ``hidden``, in ``rounds`` paired
-    rounds: each round runs every version once, after a barrier, in an order rotated each round
-    (A B C, B C A, ...), and a round's time of a version is its slowest rank's (a step ends
-    when its last rank does). Returns ``{version: (Stats, all-reduce calls per step)}``; the
-    Stats of one call share ``rounds`` (``lu.timing.compare(a, b, paired=True)`` pairs them).
-    The calls are counted (``core.commcount``) in one untimed step after a warm-up step
-    (PyTorch's DDP rebuilds its buckets after its first step). Every parameter is used."""
-    torch.manual_seed(0)
-    X = torch.randn(batch_size // world_size, 16)
-    y = torch.randn(batch_size // world_size, 4)
-    steps = {}
-    for v in versions:
-        torch.manual_seed(0)
-        model = MixedNet(hidden=hidden)
-        wrapped, finish = _timed_version(v, model, bucket_cap_mb)
-        steps[v] = (wrapped, finish, torch.optim.SGD(model.parameters(), lr=1e-3))
-
-    def step(wrapped, finish, opt):
-        opt.zero_grad(set_to_none=True)
-        nn.functional.mse_loss(wrapped(X), y).backward()
-        if finish is not None:
-            finish()
-        opt.step()
-
-    calls, times = {}, {v: [] for v in versions}
-    for v, parts in steps.items():
-        step(*parts)                               # warm-up (DDP rebuilds its buckets)
-        with count_collectives() as counted:
-            step(*parts)
-        calls[v] = counted.all_reduces
-    for i in range(rounds):
-        progress(i + 1, rounds, "rounds")  # rank 0 drives a panel's bar
-        for k in range(len(versions)):
-            v = versions[(i + k) % len(versions)]   # rotate: no version always runs first
-            torch.distributed.barrier()
-            t0 = time.perf_counter()
-            step(*steps[v])
-            times[v].append(time.perf_counter() - t0)
-    slowest = slowest_rank([times[v] for v in versions])   # a step ends with its slowest rank
-    rounds_id = uuid.uuid4().hex
-    return {v: (Stats.of(t, rounds_id), calls[v]) for v, t in zip(versions, slowest)}

@@ -5,7 +5,8 @@
 * ``allreduce_worker``: gloo vs the shared-memory all-reduce, interleaved, per message size;
 * ``ddp_step_worker``: seconds per DDP training step of the digits CNN (strong or weak scaling,
   plain gloo or the shared-memory comm hook);
-* ``time_versions``: one step of every DDP version of 04a, in paired rounds.
+* ``time_versions``: one step of every DDP version of 04a, and the same buckets launched after
+  backward, in paired rounds.
 
 Per-rank timelines and exposed communication are in ``experiments/comm_spans.py``.
 """
@@ -23,6 +24,7 @@ from labutils.core.commcount import count_collectives
 from labutils.core.rank import progress
 from labutils.core.timing import Stats, slowest_rank
 from labutils.data import models, workloads
+from labutils.experiments.comm_spans import AfterBackwardDDP
 from labutils.experiments.ddp_equivalence import MixedNet
 from labutils.parallel.ddp import BucketedDDP, HookedDDP, naive_allreduce_grads
 from labutils.parallel.shm_allreduce import make_all_reduce, shm_allreduce_hook
@@ -125,51 +127,67 @@ def ddp_step_worker(rank, world_size, batch_per_rank=64, steps=6, hook=None, wid
 # ---- every DDP version timed side by side (04a) ---------------------------------------------
 
 
-def time_versions(rank, world_size, hidden=256, batch_size=128, repeats=7, bucket_cap_mb=0.5,
-                  versions=("naive", "hooks", "bucketed", "torch")):
-    """Time one training step of every version in paired rounds (A B C D, B C D A, ...) on
-    MixedNet of width ``hidden``; a step's time is its slowest rank's. Returns ``{version:
-    (Stats of seconds per step, all-reduces per step)}``, the Stats of one call paired (the
-    same ``rounds``: ``lu.timing.compare`` pairs them). The all-reduces are counted
-    (``core.commcount``) in one untimed step after the warm-up one (PyTorch's DDP rebuilds
-    its buckets after its first step)."""
+VERSIONS = ("naive", "hooks", "bucketed", "after backward", "torch")
+
+
+def _timed_version(version, model, bucket_cap_mb):
+    """(module to call, what to run between backward and ``opt.step()``) for one version."""
+    if version == "naive":
+        return model, lambda: naive_allreduce_grads(model)
+    if version == "hooks":
+        wrapped = HookedDDP(model)
+        return wrapped, wrapped.wait
+    if version == "bucketed":
+        return BucketedDDP(model, bucket_cap_mb=bucket_cap_mb), None
+    if version == "after backward":   # the same buckets, sent once backward has finished
+        return AfterBackwardDDP(model, bucket_cap_mb=bucket_cap_mb), None
+    if version == "torch":
+        return nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb), None
+    raise ValueError(f"unknown version {version!r}; choose from {VERSIONS}")
+
+
+def time_versions(rank, world_size, hidden=256, batch_size=256, repeats=25, bucket_cap_mb=0.5,
+                  versions=VERSIONS):
+    """Seconds of one training step (zero_grad, forward, backward, gradient averaging,
+    ``opt.step()``) of every version on MixedNet of width ``hidden``, in ``repeats`` paired
+    rounds: each round runs every version once, after a barrier, in an order rotated each round
+    (A B C, B C A, ...), and a round's time of a version is its slowest rank's (a step ends
+    when its last rank does). ``"after backward"`` launches bucketed's buckets only once
+    backward has finished: against ``"bucketed"`` it isolates what overlap buys. Returns
+    ``{version: (Stats, all-reduce calls per step)}``, the Stats of one call paired (the same
+    ``rounds``: ``lu.timing.compare`` pairs them). The calls are counted (``core.commcount``)
+    in one untimed step after a warm-up step (PyTorch's DDP rebuilds its buckets after its
+    first step). Every parameter is used."""
     torch.manual_seed(0)
     X = torch.randn(batch_size // world_size, 16)
     y = torch.randn(batch_size // world_size, 4)
     steps = {}
     for v in versions:
+        torch.manual_seed(0)
         model = MixedNet(hidden=hidden)
-        if v == "naive":
-            steps[v] = (model, lambda m=model: naive_allreduce_grads(m))
-        elif v == "hooks":
-            wrapped = HookedDDP(model)
-            steps[v] = (wrapped, wrapped.wait)
-        elif v == "bucketed":
-            steps[v] = (BucketedDDP(model, bucket_cap_mb=bucket_cap_mb), None)
-        else:
-            steps[v] = (nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb),
-                        None)
+        wrapped, finish = _timed_version(v, model, bucket_cap_mb)
+        steps[v] = (wrapped, finish, torch.optim.SGD(model.parameters(), lr=1e-3))
 
-    def step(wrapped, finish):
-        wrapped.zero_grad(set_to_none=True)
+    def step(wrapped, finish, opt):
+        opt.zero_grad(set_to_none=True)
         nn.functional.mse_loss(wrapped(X), y).backward()
         if finish is not None:
             finish()
+        opt.step()
 
     calls, times = {}, {v: [] for v in versions}
-    for v, (wrapped, finish) in steps.items():
-        step(wrapped, finish)                       # warm-up (DDP rebuilds its buckets)
+    for v, parts in steps.items():
+        step(*parts)                               # warm-up (DDP rebuilds its buckets)
         with count_collectives() as counted:
-            step(wrapped, finish)
+            step(*parts)
         calls[v] = counted.all_reduces
     for i in range(repeats):
         progress(i + 1, repeats, "repeats")  # rank 0 drives a panel's bar
         for k in range(len(versions)):
             v = versions[(i + k) % len(versions)]   # rotate: no version always runs first
-            wrapped, finish = steps[v]
             dist.barrier()
             t0 = time.perf_counter()
-            step(wrapped, finish)
+            step(*steps[v])
             times[v].append(time.perf_counter() - t0)
     slowest = slowest_rank([times[v] for v in versions])   # a step ends with its slowest rank
     rounds = uuid.uuid4().hex
