@@ -20,6 +20,7 @@ power of two before the cast wins back.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 import uuid
@@ -33,6 +34,7 @@ from labutils.core.rank import progress
 from labutils.core.timing import Stats, slowest_rank
 from labutils.cost.costmodel import fit
 from labutils.experiments.collective_runs import time_all_reduce_worker
+from labutils.parallel.emulation import emulate
 from labutils.parallel.flat_mlp import batch_indices, loss_and_grad
 
 KiB, MiB = 2 ** 10, 2 ** 20
@@ -98,10 +100,12 @@ def _variants(bucket_sizes):
     return v
 
 
-def time_sync_worker(rank, world_size, shapes, bucket_sizes, repeats=7, warmup=2):
+def time_sync_worker(rank, world_size, shapes, bucket_sizes, repeats=7, warmup=2, link=None):
     """Time every variant on zero tensors of ``shapes``, interleaved; slowest rank's times.
     Returns {label: (seconds list, all-reduce calls counted as issued, bytes sent per rank in
-    all-reduce input)}."""
+    all-reduce input)}. ``link`` (a name of ``costmodel.LINKS``): the timed rounds run on that
+    emulated link (``emulation.emulate``: the real all-reduce, then a wait to the link's
+    modelled time), where the time per byte can dominate as it does between machines."""
     tensors = [torch.zeros(s) for s in shapes]
     variants = _variants(bucket_sizes)
     calls = {}
@@ -109,8 +113,9 @@ def time_sync_worker(rank, world_size, shapes, bucket_sizes, repeats=7, warmup=2
         with count_collectives() as counted:
             fn(tensors)
         calls[label] = counted.all_reduces
-    times = _interleaved_rounds({k: (lambda fn=fn: fn(tensors)) for k, fn in variants.items()},
-                                repeats, warmup)
+    with emulate(link) if link is not None else contextlib.nullcontext():
+        times = _interleaved_rounds({k: (lambda fn=fn: fn(tensors)) for k, fn in variants.items()},
+                                    repeats, warmup)
     numel = sum(t.numel() for t in tensors)
     out = {}
     for label in variants:
@@ -135,15 +140,16 @@ def _interleaved_rounds(variants, repeats, warmup):
 
 
 def measure_gradient_sync(model, world_size=2, bucket_sizes=(16 * 1024, 256 * 1024),
-                          repeats=7):
+                          repeats=7, link=None):
     """Per-variant ``(Stats, all-reduce calls, bytes)`` for syncing ``model``'s gradients; the
-    Stats of one call are paired (one ``rounds``): ``lu.timing.compare`` takes per-round ratios."""
+    Stats of one call are paired (one ``rounds``): ``lu.timing.compare`` takes per-round ratios.
+    ``link``: time on that emulated link (``time_sync_worker``)."""
     if world_size < 2:
         raise ValueError(f"gradient sync needs world_size >= 2; got {world_size}")
     if any(int(b) < 1 for b in bucket_sizes):
         raise ValueError(f"bucket sizes are bytes, each >= 1; got {list(bucket_sizes)}")
     shapes = [tuple(p.shape) for p in model.parameters()]
-    res = launch(time_sync_worker, shapes, [int(b) for b in bucket_sizes], repeats,
+    res = launch(time_sync_worker, shapes, [int(b) for b in bucket_sizes], repeats, link=link,
                  world_size=world_size, timeout=300, warn_oversubscription=False)[0]
     rounds = uuid.uuid4().hex
     return {k: (Stats.of(v[0], rounds), v[1], v[2]) for k, v in res.items()}

@@ -14,10 +14,11 @@ from labutils.cost.costmodel import _check, collective_time, get_link
 
 # ---- emulated links: each collective takes the time the model gives for the link ---------
 #
-# A laptop's loopback is faster than any cluster network, so on 2 cores communication looks
-# free. Emulation runs the real collective (results unchanged), then waits out the difference
-# to the time the alpha-beta model gives on the chosen link. Like a real link, it carries one
-# collective at a time: each one starts when the previous has finished (``_LinkClock``).
+# Emulation runs the real collective (results unchanged), then waits out the difference to the
+# time the alpha-beta model gives on the chosen link. So it can show a link slower than this
+# machine's own all-reduce, never a faster one (04c2 prints which of the two binds). Like a
+# real link, it carries one collective at a time: each one starts when the previous has
+# finished (``_LinkClock``).
 
 class _LinkClock:
     """When this process's emulated link is next free (collectives on it are serial)."""
