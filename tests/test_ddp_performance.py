@@ -70,7 +70,7 @@ def test_bucket_profile_and_the_three_models_by_hand():
     p = spans_mod.bucket_profile(spans)
     assert p["nbytes"] == [300, 100] and p["ready"] == [0.25, 1.0]
     assert p["backward share"] == pytest.approx(2 / 3)
-    assert p["transfers"] == [(300, 0.5), (100, 0.5)]
+    assert p["transfers"] == [(300, 0.5), (100, 0.5)] and p["waits"] == []
     # alpha 0.1 s, beta 1 ms per byte, p = 2: a ring all-reduce of n bytes is 2 alpha + n beta
     pred = spans_mod.predicted_exposed(p, 3.0, 0.1, 1e-3)
     assert pred["no overlap"] == pytest.approx(0.5 + 0.3)
@@ -89,6 +89,7 @@ def test_bucket_profile_of_a_real_run_counts_every_gradient_byte():
     assert all(0.0 <= f <= 1.05 for f in p["ready"]) and p["ready"] == sorted(p["ready"])
     assert 0.0 < p["backward share"] < 1.0
     assert len(p["transfers"]) == 2 * 2 * len(p["nbytes"])     # ranks x steps x buckets
+    assert len(p["waits"]) == 2 * 2 and min(p["waits"]) >= 0.0  # one per rank and step
     pred = spans_mod.predicted_exposed(p, 0.02, 1e-4, 1e-9)
     assert 0.0 <= pred["this run's buckets"] <= pred["no overlap"]
 

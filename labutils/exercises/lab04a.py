@@ -7,6 +7,7 @@ from labutils.core.i18n import tr
 from labutils.exercises.base import CheckResult, make_cases, not_implemented, run_check
 from labutils.experiments.ddp_equivalence import (
     MixedNet,
+    torch_bucket_names,
     train_data_parallel,
     train_reference,
 )
@@ -151,11 +152,12 @@ def _assign(params, bucket_cap_mb, *, reach=True, per_dtype=True, split_dtypes=T
 
 
 def torch_buckets(params, bucket_cap_mb):
-    """Reference: PyTorch DDP's bucket rule. In reverse registration order, add each parameter to
-    the open bucket of its dtype (PyTorch keeps one open bucket per dtype, so a parameter of
-    another dtype does not close it), and close that bucket once it has reached
-    ``bucket_cap_mb`` MiB, so a bucket may end above the cap. Buckets are listed in the order
-    of their first parameter."""
+    """Reference: what PyTorch's bucketing function (``_compute_bucket_assignment_by_size``, the
+    one DDP calls) returns for parameters in reverse registration order. Add each parameter to
+    the open bucket of its dtype (one open bucket per dtype, so a parameter of another dtype
+    does not close it), and close that bucket once it has reached ``bucket_cap_mb`` MiB, so a
+    bucket may end above the cap. Buckets are listed in the order of their first parameter
+    (DDP itself reorders them by gradient arrival after its first step)."""
     cap = int(bucket_cap_mb * 2**20)
     order = list(reversed(list(params)))
     done, open_ = [], {}              # dtype -> the bucket still filling
@@ -189,10 +191,9 @@ def _bucket_mistakes():
 
 
 def check_torch_buckets(learner_fn):
-    """Check ``learner_fn(params, bucket_cap_mb) -> list of lists of parameters`` against the
-    buckets PyTorch's DDP assigns (its own function computes the expected ones), on float32
-    models and on models whose head is float64. No processes: the rule is local."""
-    import torch.distributed as dist
+    """Check ``learner_fn(params, bucket_cap_mb) -> list of lists of parameters`` against what
+    PyTorch's bucketing function returns for reverse-order parameters, on float32 models and
+    on models whose head is float64. No processes: the rule is local."""
     if not callable(learner_fn):
         raise TypeError(tr("check_torch_buckets needs your function itself, e.g. "
                            "lu.check_torch_buckets(my_buckets)"))
@@ -203,10 +204,7 @@ def check_torch_buckets(learner_fn):
                         f"bucket_cap_mb={cap}")
         model = MixedNet(hidden=hidden, head_dtype=head_dtype)
         names = {id(p): n for n, p in model.named_parameters()}
-        reverse = list(reversed(list(model.parameters())))
-        # PyTorch's own assignment (an internal function that DDP itself calls)
-        indices, _ = dist._compute_bucket_assignment_by_size(reverse, [int(cap * 2**20)])
-        expected = [[names[id(reverse[i])] for i in bucket] for bucket in indices]
+        expected = torch_bucket_names(model, cap)   # PyTorch's own assignment
         try:
             got = learner_fn(list(model.parameters()), cap)
         except NotImplementedError:

@@ -43,16 +43,17 @@ def _allreduce_sweep(rank, world_size, sizes, repeats, link, per_sample=0.03):
     return plain, emulated
 
 
-def allreduce_fit(sizes, repeats, link="1GbE"):
+def allreduce_fit(sizes, repeats, link="1GbE", fit_from=1 << 20):
     """gloo's all-reduce on 2 real ranks (``_allreduce_sweep``; per sample the slowest rank),
-    alpha-beta fitted on the even repeats of the sizes >= 1 MiB. Returns ``(plain, emulated,
-    alpha, beta, held_out)``: ``held_out(n)`` is the Stats of measured / predicted over the odd
-    repeats of size ``n``, which the fit never saw."""
+    alpha-beta fitted on the even repeats of the sizes >= ``fit_from`` bytes. Returns
+    ``(plain, emulated, alpha, beta, held_out)``: ``held_out(n)`` is the Stats of measured /
+    predicted over the odd repeats of size ``n``, which the fit never saw."""
     per_rank = launch(_allreduce_sweep, sizes, repeats, link, world_size=2)
     plain, emulated = ({n: slowest([r[i][n] for r in per_rank]) for n in sizes} for i in (0, 1))
-    # Fit on the range the target covers (>= 1 MiB): below it gloo's time on loopback is
-    # nearly flat (thread wake-ups), and one alpha-beta line cannot follow both regimes.
-    fit_sizes = [n for n in sizes if n >= 1 << 20]
+    # By default fit on the range the target covers (>= 1 MiB): below it gloo's time on
+    # loopback is nearly flat (thread wake-ups), and one alpha-beta line cannot follow both
+    # regimes; a caller whose messages are smaller fits from lower (fit_from).
+    fit_sizes = [n for n in sizes if n >= fit_from]
     alpha, beta = cm.fit(fit_sizes, [Stats.of(plain[n][0::2]) for n in fit_sizes], 2)
 
     def held_out(n):

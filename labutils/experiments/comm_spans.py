@@ -234,8 +234,11 @@ def bucket_profile(spans):
     """What the cost model needs, read off ``timeline_worker``'s spans (all ranks and steps):
     ``nbytes`` per bucket; ``ready``, the median fraction of backward that had run when each
     bucket was launched; ``backward share``, backward's median share of forward + backward
-    (fractions: the clock-reading slowdown of the timed steps divides out, roughly); and
-    ``transfers``, (bytes, seconds) of every transfer span, to fit alpha and beta on."""
+    (read on the timed steps, where only backward runs under the clock-reading mode: an
+    overestimate); ``transfers``, (bytes, seconds) of every transfer span, to fit alpha and
+    beta on (a span ends when gloo's thread runs its first callback, so it holds callback and
+    GIL waits too); and ``waits``, seconds of every ``wait`` span: what a step waited after
+    backward, the quantity the models predict."""
     fwd = {(s.rank, s.meta["step"]): s for s in spans if s.name == "forward"}
     bwd = {(s.rank, s.meta["step"]): s for s in spans if s.name == "backward"}
     queues = {}
@@ -249,7 +252,8 @@ def bucket_profile(spans):
             "ready": [float(np.median([f for _, f in queues[b]])) for b in order],
             "backward share": float(np.median([bwd[k].duration / (fwd[k].duration + bwd[k].duration)
                                                for k in bwd])),
-            "transfers": [(s.meta["nbytes"], s.duration) for s in spans if s.name == "transfer"]}
+            "transfers": [(s.meta["nbytes"], s.duration) for s in spans if s.name == "transfer"],
+            "waits": [s.duration for s in spans if s.name == "wait"]}
 
 
 def predicted_exposed(profile, step_s, alpha, beta, world_size=2):

@@ -131,3 +131,14 @@ def train_data_parallel(rank, world_size, version="bucketed", steps=4, batch_siz
     counts = {"allreduces": counted.all_reduces}   # issued by this rank, counted (not computed)
     return {n: p.detach().clone() for n, p in model.named_parameters()}, counts
 
+
+def torch_bucket_names(model, bucket_cap_mb):
+    """What PyTorch's bucketing function (``_compute_bucket_assignment_by_size``, the one DDP
+    calls) returns for ``model``'s parameters in reverse registration order, as lists of names,
+    each bucket listed by its first parameter (the reference of 04a's bucket exercise; DDP
+    reorders its buckets by gradient arrival after its first step)."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    reverse = list(reversed(list(model.parameters())))
+    indices, _ = torch.distributed._compute_bucket_assignment_by_size(
+        reverse, [int(bucket_cap_mb * 2**20)])
+    return [[names[id(reverse[i])] for i in bucket] for bucket in indices]

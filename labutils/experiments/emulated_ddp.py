@@ -204,7 +204,8 @@ def table(rows, binds=False):
     if binds:
         body = text_table([(r["link"], r["variant"], f"{r['step'].median * 1e3:.1f}",
                             f"{r['measured']:.2f}", r["binds"]) for r in rows],
-                          ["link", "variant", "step ms", "speedup", "floor that binds"])
+                          ["link", "variant", "step ms", "speedup (of medians)",
+                           "floor that binds"])
         return body + f"\ncompute only: {rows[0]['compute'].median * 1e3:.1f} ms per step"
     body = text_table([(r["link"], r["variant"], f"{r['step'].median * 1e3:.1f}",
                         f"{r['measured']:.2f}", f"{r['predicted']:.2f}") for r in rows],
