@@ -68,3 +68,15 @@ def test_bus_bandwidth_checker_names_the_mistake(wrong, words):
 def test_bus_bandwidth_checker_passes_the_reference():
     assert lu.check_bus_bandwidth(lab04c2.bus_bandwidth).passed
     assert lu.check_bus_bandwidth(costmodel.bus_bandwidth).passed
+
+
+def test_call_learner_reports_unfinished_and_raising_functions():
+    from labutils.exercises.base import call_learner
+    assert call_learner("x", lambda a: a + 1, "here", 1) == (2, None)
+    assert "not implemented" in call_learner("x", lambda: None, "here")[1].message
+
+    def broken():
+        raise ValueError("bad shape")
+    got, failed = call_learner("x", broken, "here")
+    assert got is None and not failed.passed
+    assert "here" in failed.message and "ValueError" in failed.message and "bad shape" in failed.message

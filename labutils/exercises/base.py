@@ -200,11 +200,32 @@ def _describe_case(case):
     return ", ".join(f"{k}={_short(v, 30)}" for k, v in case.items())
 
 
-def _validate(name, learner_fn, harness, cases):
+def require_function(name, learner_fn):
+    """Every checker's first check: it was given the learner's function, not its result."""
     if not callable(learner_fn):
         raise TypeError(tr("check_{name} needs your function itself, e.g. "
                            "lu.check_{name}(my_{name}) (no parentheses after it); got {type}",
                            name=name, type=type(learner_fn).__name__))
+
+
+def call_learner(name, learner_fn, where, *args):
+    """Call the learner's function in this process (the checkers that need no ranks):
+    ``(result, None)``, or ``(None, CheckResult)`` when it is not implemented yet (raises
+    NotImplementedError or returns None) or raised anything else."""
+    try:
+        got = learner_fn(*args)
+    except NotImplementedError:
+        return None, CheckResult(False, not_implemented(name))
+    except Exception as e:   # noqa: BLE001 (report any error as the learner's)
+        return None, CheckResult(False, tr("{where}: raised {error}: {message}", where=where,
+                                           error=type(e).__name__, message=e))
+    if got is None:
+        return None, CheckResult(False, not_implemented(name))
+    return got, None
+
+
+def _validate(name, learner_fn, harness, cases):
+    require_function(name, learner_fn)
     if not callable(harness):
         raise TypeError(f"harness must be a function harness(rank, world_size, learner_fn, "
                         f"**case); got {type(harness).__name__}")

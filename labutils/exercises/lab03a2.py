@@ -7,7 +7,7 @@ import sys
 
 from labutils.core.i18n import tr
 from labutils.cost.costmodel import allreduce_crossover
-from labutils.exercises.base import CheckResult, not_implemented
+from labutils.exercises.base import CheckResult, call_learner, not_implemented, require_function
 
 
 def crossover(p, alpha, beta):
@@ -58,19 +58,15 @@ def _calls_library_crossover(fn, *args):
 def check_crossover(learner_fn):
     """Check ``learner_fn(p, alpha, beta)``: the bytes at which halving-doubling's all-reduce
     time equals recursive doubling's, for several powers of two p (no processes needed)."""
-    if not callable(learner_fn):
-        raise TypeError(tr("check_crossover needs your function itself, e.g. "
-                           "lu.check_crossover(crossover)"))
+    require_function("crossover", learner_fn)
     for number, (p, alpha, beta) in enumerate(_CASES, 1):
         where = tr("[wrong] {name}: case {number} of {total} ({case})", name="crossover",
                    number=number, total=len(_CASES), case=f"p={p}, alpha={alpha:g}, beta={beta:g}")
-        try:
-            got, delegated = _calls_library_crossover(learner_fn, p, alpha, beta)
-        except NotImplementedError:
-            return CheckResult(False, not_implemented("crossover"))
-        except Exception as e:   # noqa: BLE001 (report any error as the learner's)
-            return CheckResult(False, tr("{where}: raised {error}: {message}", where=where,
-                                         error=type(e).__name__, message=e))
+        traced, failed = call_learner("crossover", _calls_library_crossover, where, learner_fn,
+                                      p, alpha, beta)
+        if failed:
+            return failed
+        got, delegated = traced
         if got is None:
             return CheckResult(False, not_implemented("crossover"))
         if delegated:

@@ -6,7 +6,7 @@ import torch
 from labutils.core.i18n import tr
 from labutils.core.memory import OPTIMIZER_STATES
 from labutils.data.models import mlp
-from labutils.exercises.base import CheckResult, not_implemented
+from labutils.exercises.base import CheckResult, call_learner, require_function
 
 _OPTIMIZERS = {"sgd": lambda p: torch.optim.SGD(p, lr=0.1),
                "momentum": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
@@ -85,21 +85,15 @@ def check_model_states(learner_fn):
     """Check ``learner_fn(num_params, optimizer, dtype_bytes) -> bytes`` of weights, gradients
     and optimiser state: fp32 cases against the bytes a real step allocates, 2-byte cases
     against ZeRO's formula (no processes needed)."""
-    if not callable(learner_fn):
-        raise TypeError(tr("check_model_states needs your function itself, e.g. "
-                           "lu.check_model_states(my_model_states)"))
+    require_function("model_states", learner_fn)
     cases = list(_cases())
     for number, ((n, optimizer, dtype_bytes), reference, source) in enumerate(cases, 1):
         case = f"num_params={n}, optimizer={optimizer!r}, dtype_bytes={dtype_bytes}"
         where = tr("[wrong] {name}: case {number} of {total} ({case})", name="model_states",
                    number=number, total=len(cases), case=case)
-        try:
-            got = learner_fn(n, optimizer, dtype_bytes)
-        except NotImplementedError:
-            return CheckResult(False, not_implemented("model_states"))
-        except Exception as e:  # noqa: BLE001 (report any error as the learner's)
-            return CheckResult(False, tr("{where}: raised {error}: {message}", where=where,
-                                         error=type(e).__name__, message=e))
+        got, failed = call_learner("model_states", learner_fn, where, n, optimizer, dtype_bytes)
+        if failed:
+            return failed
         if not isinstance(got, (int, float)) or isinstance(got, bool):
             return CheckResult(False, tr("{where}: expected a number of bytes, got {type} "
                                          "{got!r}", where=where, type=type(got).__name__,

@@ -4,7 +4,13 @@ notebooks call them as ``lu.check_<name>``."""
 import torch
 
 from labutils.core.i18n import tr
-from labutils.exercises.base import CheckResult, make_cases, not_implemented, run_check
+from labutils.exercises.base import (
+    CheckResult,
+    call_learner,
+    make_cases,
+    require_function,
+    run_check,
+)
 from labutils.experiments.ddp_equivalence import (
     MixedNet,
     torch_bucket_names,
@@ -194,9 +200,7 @@ def check_torch_buckets(learner_fn):
     """Check ``learner_fn(params, bucket_cap_mb) -> list of lists of parameters`` against what
     PyTorch's bucketing function returns for reverse-order parameters, on float32 models and
     on models whose head is float64. No processes: the rule is local."""
-    if not callable(learner_fn):
-        raise TypeError(tr("check_torch_buckets needs your function itself, e.g. "
-                           "lu.check_torch_buckets(my_buckets)"))
+    require_function("torch_buckets", learner_fn)
     for number, (hidden, head_dtype, cap) in enumerate(_BUCKET_CASES, 1):
         where = tr("[wrong] {name}: case {number} of {total} ({case})", name="torch_buckets",
                    number=number, total=len(_BUCKET_CASES),
@@ -205,15 +209,9 @@ def check_torch_buckets(learner_fn):
         model = MixedNet(hidden=hidden, head_dtype=head_dtype)
         names = {id(p): n for n, p in model.named_parameters()}
         expected = torch_bucket_names(model, cap)   # PyTorch's own assignment
-        try:
-            got = learner_fn(list(model.parameters()), cap)
-        except NotImplementedError:
-            return CheckResult(False, not_implemented("torch_buckets"))
-        except Exception as e:   # noqa: BLE001 (report any error as the learner's)
-            return CheckResult(False, tr("{where}: raised {error}: {message}", where=where,
-                                         error=type(e).__name__, message=e))
-        if got is None:
-            return CheckResult(False, not_implemented("torch_buckets"))
+        got, failed = call_learner("torch_buckets", learner_fn, where, list(model.parameters()), cap)
+        if failed:
+            return failed
         try:
             got = [[names.get(id(p), "?") for p in b] for b in got]
         except TypeError:

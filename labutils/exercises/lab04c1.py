@@ -10,7 +10,7 @@ from functools import reduce
 
 from labutils.core.i18n import tr
 from labutils.cost.step_time import exposed_comm   # the reference: lu.show_solution("exposed_comm")
-from labutils.exercises.base import CheckResult, not_implemented
+from labutils.exercises.base import CheckResult, call_learner, require_function
 
 # (ready, comm, backward_end), in seconds
 _CASES = (
@@ -48,22 +48,14 @@ def _mistakes():
 def check_exposed_comm(learner_fn):
     """Check ``learner_fn(ready, comm, backward_end) -> seconds``: how long a step waits after
     backward for buckets run in order by one communication thread."""
-    if not callable(learner_fn):
-        raise TypeError(tr("check_exposed_comm needs your function itself, e.g. "
-                           "lu.check_exposed_comm(my_exposed_comm)"))
+    require_function("exposed_comm", learner_fn)
     for number, (ready, comm, end) in enumerate(_CASES, 1):
         where = tr("[wrong] {name}: case {number} of {total} ({case})", name="exposed_comm",
                    number=number, total=len(_CASES),
                    case=f"ready={list(ready)}, comm={list(comm)}, backward_end={end}")
-        try:
-            got = learner_fn(list(ready), list(comm), end)
-        except NotImplementedError:
-            return CheckResult(False, not_implemented("exposed_comm"))
-        except Exception as e:   # noqa: BLE001 (report any error as the learner's)
-            return CheckResult(False, tr("{where}: raised {error}: {message}", where=where,
-                                         error=type(e).__name__, message=e))
-        if got is None:
-            return CheckResult(False, not_implemented("exposed_comm"))
+        got, failed = call_learner("exposed_comm", learner_fn, where, list(ready), list(comm), end)
+        if failed:
+            return failed
         if not isinstance(got, numbers.Real) or isinstance(got, bool):
             return CheckResult(False, tr("{where}: expected seconds (a number), got {type} "
                                          "{got!r}", where=where, type=type(got).__name__,

@@ -9,7 +9,7 @@ import numbers
 
 from labutils.core.i18n import tr
 from labutils.cost import costmodel
-from labutils.exercises.base import CheckResult, not_implemented
+from labutils.exercises.base import CheckResult, call_learner, require_function
 
 # (bytes, seconds, world size): p = 2 last, after the sizes that tell the mistakes apart
 _CASES = ((64 << 20, 0.125, 4), (1 << 20, 3e-3, 3), (16 << 20, 0.02, 8), (1 << 10, 1e-4, 2))
@@ -38,22 +38,14 @@ def _mistakes():
 def check_bus_bandwidth(learner_fn):
     """Check ``learner_fn(nbytes, seconds, world_size) -> bytes/s``: an all-reduce's bus
     bandwidth, the figure comparable across world sizes and with a link's speed."""
-    if not callable(learner_fn):
-        raise TypeError(tr("check_bus_bandwidth needs your function itself, e.g. "
-                           "lu.check_bus_bandwidth(my_bus_bandwidth)"))
+    require_function("bus_bandwidth", learner_fn)
     for number, (n, t, p) in enumerate(_CASES, 1):
         where = tr("[wrong] {name}: case {number} of {total} ({case})", name="bus_bandwidth",
                    number=number, total=len(_CASES), case=f"nbytes={n}, seconds={t:g}, "
                                                           f"world_size={p}")
-        try:
-            got = learner_fn(n, t, p)
-        except NotImplementedError:
-            return CheckResult(False, not_implemented("bus_bandwidth"))
-        except Exception as e:   # noqa: BLE001 (report any error as the learner's)
-            return CheckResult(False, tr("{where}: raised {error}: {message}", where=where,
-                                         error=type(e).__name__, message=e))
-        if got is None:
-            return CheckResult(False, not_implemented("bus_bandwidth"))
+        got, failed = call_learner("bus_bandwidth", learner_fn, where, n, t, p)
+        if failed:
+            return failed
         if not isinstance(got, numbers.Real) or isinstance(got, bool):
             return CheckResult(False, tr("{where}: expected bytes per second, got {type} "
                                          "{got!r}", where=where, type=type(got).__name__,
