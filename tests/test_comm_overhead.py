@@ -163,3 +163,16 @@ def _stub(tensors, world_size):
 }, passes="passed"))
 def test_fp16_mean_checker(answer, verdict):
     assert_check(lu.check_fp16_mean, answer, verdict)
+
+
+def test_an_unknown_emulated_link_is_named_before_any_rank_starts():
+    with pytest.raises(ValueError, match="unknown link '2GbE'"):
+        G.measure_gradient_sync(lu.models.mlp((4, 4)), link="2GbE")
+
+
+@pytest.mark.slow
+def test_an_emulated_link_changes_time_not_calls_or_bytes():
+    model = lu.models.mlp((64, 256, 10))
+    plain = G.measure_gradient_sync(model, bucket_sizes=(16 * 1024,), repeats=1)
+    slow = G.measure_gradient_sync(model, bucket_sizes=(16 * 1024,), repeats=1, link="1GbE")
+    assert {k: v[1:] for k, v in plain.items()} == {k: v[1:] for k, v in slow.items()}

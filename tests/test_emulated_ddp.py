@@ -56,3 +56,25 @@ def test_predict_uses_the_slower_of_link_and_machine():
     assert bf16 == pytest.approx(2 * 0.02 / (0.02 + cm.allreduce_time(2e6, 2, 50e-6, 1 / 125e6)))
     comm4 = 4 * cm.allreduce_time(1e6, 2, 50e-6, 1 / 125e6)
     assert overlapped == pytest.approx(2 * 0.02 / (0.02 + comm4 - 2 / 3 * 0.02 * 3 / 4))
+
+
+def test_binding_floor_names_the_slower_all_reduce():
+    """1 MB of gradients in 4 buckets on 2 ranks: on 1 GbE (alpha 50 us, 125 MB/s) the wire
+    takes about 8 ms; a machine whose own all-reduce costs alpha 10 ms binds instead, one of
+    alpha 1 us and 100 GB/s does not."""
+    slow_here, fast_here = (10e-3, 1e-11), (1e-6, 1e-11)
+    assert ed.binding_floor(1e6, "1GbE", 2, 4, False, slow_here) == "local"
+    assert ed.binding_floor(1e6, "1GbE", 2, 4, False, fast_here) == "link"
+    assert ed.binding_floor(1e6, "1GbE", 2, 4, False, None) is None
+    # compression halves the bytes on both sides: a floor between the two sends flips
+    link = cm.get_link("1GbE")
+    fp32 = cm.allreduce_time(1e6 / 4, 2, link.alpha, link.beta) * 4
+    fp16 = cm.allreduce_time(0.5e6 / 4, 2, link.alpha, link.beta) * 4
+    between = ((fp16 + fp32) / 2 / 4 / 2, 1e-12)   # per bucket 2 alpha: the floor's time
+    assert ed.binding_floor(1e6, "1GbE", 2, 4, False, between) == "link"
+    assert ed.binding_floor(1e6, "1GbE", 2, 4, True, between) == "local"
+
+
+def test_real_rows_need_the_fitted_floor():
+    with pytest.raises(ValueError, match="floor"):
+        ed.run([ed.REAL], steps=1, width=16, depth=1, batch=8)

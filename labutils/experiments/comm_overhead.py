@@ -32,7 +32,7 @@ from labutils.core.commcount import count_collectives
 from labutils.core.launcher import launch
 from labutils.core.rank import progress
 from labutils.core.timing import Stats, slowest_rank
-from labutils.cost.costmodel import fit
+from labutils.cost.costmodel import fit, get_link
 from labutils.experiments.collective_runs import time_all_reduce_worker
 from labutils.parallel.emulation import emulate
 from labutils.parallel.flat_mlp import batch_indices, loss_and_grad
@@ -148,6 +148,8 @@ def measure_gradient_sync(model, world_size=2, bucket_sizes=(16 * 1024, 256 * 10
         raise ValueError(f"gradient sync needs world_size >= 2; got {world_size}")
     if any(int(b) < 1 for b in bucket_sizes):
         raise ValueError(f"bucket sizes are bytes, each >= 1; got {list(bucket_sizes)}")
+    if link is not None:
+        get_link(link)          # an unknown link is named before any rank starts
     shapes = [tuple(p.shape) for p in model.parameters()]
     res = launch(time_sync_worker, shapes, [int(b) for b in bucket_sizes], repeats, link=link,
                  world_size=world_size, timeout=300, warn_oversubscription=False)[0]

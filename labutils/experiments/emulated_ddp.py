@@ -120,6 +120,9 @@ def run(links=("1GbE", "10GbE"), world_size=2, steps=4, width=512, depth=4, batc
 
     ``floor``: this machine's fitted ``(alpha, beta)`` (see ``predict``)."""
     variants = dict(VARIANTS if variants is None else variants)
+    if floor is None and any(link_name(link) == REAL for link in links):   # before any rank
+        raise ValueError(f"the {REAL!r} rows are predicted from this machine's fitted "
+                         "floor=(alpha, beta); pass it")
     out = launch(step_times, list(links), variants, steps, width, depth, batch,
                     world_size=world_size, timeout=timeout)
     assert_same_gradients(out, variants)
@@ -132,9 +135,6 @@ def run(links=("1GbE", "10GbE"), world_size=2, steps=4, width=512, depth=4, batc
     rows = []
     for link in links:
         real = link_name(link) == REAL
-        if real and floor is None:
-            raise ValueError(f"the {REAL!r} rows are predicted from this machine's fitted "
-                             "floor=(alpha, beta); pass it")
         wire = tuple(floor) if real else link   # the real rows: the model on the fitted floor
         for name, (cap, dtype) in _variants_on(link, variants).items():
             step = stats[(link_name(link), name)]
