@@ -33,7 +33,6 @@ from labutils.core.launcher import launch
 from labutils.core.rank import progress
 from labutils.core.timing import Stats, slowest_rank
 from labutils.cost.costmodel import fit, get_link
-from labutils.experiments.collective_runs import time_all_reduce_worker
 from labutils.parallel.emulation import emulate
 from labutils.parallel.flat_mlp import batch_indices, loss_and_grad
 
@@ -165,27 +164,33 @@ def time_call_cost_worker(rank, world_size, shapes, sizes, repeats=7, warmup=2, 
     fit covers; a 1-element tensor, fewer elements than ranks, may take another path in gloo
     and cost less than the fit's alpha), the flat buffer, and one all-reduce of a flat buffer
     that is already there (the flat buffer without its copies); then back-to-back calls of
-    gloo's ``dist.all_reduce`` at each of ``sizes`` (``collective_runs``). Returns
-    {label: [seconds per round]} and "sweep": [seconds per repeat, one list per size]."""
+    gloo's ``dist.all_reduce`` at each of ``sizes``, in the same rounds, so that a round's fit
+    pairs with that round's calls. Returns {label: [seconds per round]} and "sweep": [seconds
+    per call and round, one list per size]."""
     grads = [torch.zeros(s) for s in shapes]
     small = [torch.zeros(max(1, sizes[0] // 4)) for _ in shapes]
     ready = torch.zeros(sum(t.numel() for t in grads))
+    sweep = {n: torch.zeros(max(1, n // 4)) for n in sizes}
+
+    def back_to_back(t):
+        for _ in range(calls):
+            dist.all_reduce(t)
     out = _interleaved_rounds({
         "per tensor": lambda: allreduce_per_tensor(grads),
         CONTROL: lambda: allreduce_per_tensor(small),
         "flat buffer": lambda: allreduce_flat(grads),
         "one ready flat buffer": lambda: dist.all_reduce(ready),
+        **{("sweep", n): (lambda t=t: back_to_back(t)) for n, t in sweep.items()},
     }, repeats, warmup)
-    out["sweep"] = time_all_reduce_worker(rank, world_size, sizes, impls=("gloo",),
-                                          repeats=repeats, warmup=1, calls=calls)["gloo"]
+    out["sweep"] = [[s / calls for s in out.pop(("sweep", n))] for n in sizes]
     return out
 
 
 def measure_call_cost(model, world_size=2, sizes=(KiB, 16 * KiB, 256 * KiB, MiB), repeats=7):
     """One launch: ``time_call_cost_worker`` on ``model``'s gradient shapes, then alpha and beta
     fitted to the sweep with lab 03a2's model (gloo as a ring: ``costmodel.fit``), once per
-    repeat. Returns dict(stats={label: Stats, paired}, sweep=[Stats per size],
-    alpha=Stats, beta=Stats (over the repeats' fits), sizes, shapes, world_size)."""
+    round. Returns dict(stats={label: Stats, paired}, sweep=[Stats per size], alpha=Stats,
+    beta=Stats (one fit per round: paired with ``stats``), sizes, shapes, world_size)."""
     if world_size < 2:
         raise ValueError(f"an all-reduce call needs world_size >= 2; got {world_size}")
     shapes = [tuple(p.shape) for p in model.parameters()]
@@ -197,8 +202,9 @@ def measure_call_cost(model, world_size=2, sizes=(KiB, 16 * KiB, 256 * KiB, MiB)
             for i in range(len(sweep[0]))]
     alphas, betas = zip(*fits)
     return dict(stats={k: Stats.of(v, rounds) for k, v in res.items()},
-                sweep=[Stats.of(v) for v in sweep], alpha=Stats.of(alphas),
-                beta=Stats.of(betas), sizes=list(sizes), shapes=shapes, world_size=world_size)
+                sweep=[Stats.of(v, rounds) for v in sweep], alpha=Stats.of(alphas, rounds),
+                beta=Stats.of(betas, rounds), sizes=list(sizes), shapes=shapes,
+                world_size=world_size)
 
 
 # ---- what fp16 costs small gradients --------------------------------------------------------

@@ -57,13 +57,15 @@ def allreduce_worker(rank, world_size, sizes=(1 << 10, 1 << 20, 64 << 20), repea
             runs = {"gloo": lambda: dist.all_reduce(x), "shm": lambda: shm.all_reduce_(x),
                     "shm zero-copy": lambda: shm.all_reduce_(in_shm)}
             times = {k: [] for k in runs}
+            names = list(runs)
             reps = repeats if nbytes >= 1 << 20 else repeats * 10
             for i in range(reps + 1):
                 progress(i, reps, "repeats")  # rank 0 drives a panel's bar
-                for name, fn in runs.items():
+                for k in range(len(names)):
+                    name = names[(i + k) % len(names)]   # rotate: none always runs first
                     dist.barrier()
                     t0 = time.perf_counter()
-                    fn()
+                    runs[name]()
                     if i:  # the first round warms up (page faults, connections)
                         times[name].append(time.perf_counter() - t0)
             # a collective ends when its slowest rank ends: take the max over ranks
