@@ -127,7 +127,8 @@ LABS = (
         "checkpoint, torchrun with a killed worker", "1.5",
         checkers=("no_sync_accumulation",)),
     Lab("4 Performance analysis 性能分析 (1): scaling and overlap", "04c1_scaling_and_overlap",
-        ("ddp_performance", "comm_spans", "costmodel", "step_time", "plots", "timeline_plot"),
+        ("ddp_performance", "comm_spans", "emulated_overlap", "costmodel", "step_time", "plots",
+         "timeline_plot"),
         "strong and weak scaling with error bars, per-rank timelines, what overlap buys "
         "(buckets launched after backward, paired), one thread's exposed communication, "
         "three cost models vs the bucket sweep", "1",

@@ -151,6 +151,32 @@ def test_after_backward_variant_gives_the_same_gradients():
 
 @pytest.mark.lab04c1
 @pytest.mark.slow
+def test_emulated_overlap_worker_sends_the_same_buckets_either_way():
+    from labutils import emulated_overlap
+    result = lu.launch(emulated_overlap.overlap_worker, rounds=2, layer_ms=0.01, batch=4, depth=4,
+                       width=64, world_size=2)
+    for r in result:
+        assert r["grad max diff"] == 0.0        # overlapped and after backward: the same sums
+        assert r["buckets"] == 1                 # 64-wide layers: the whole model in 0.5 MiB
+        assert all(len(r[v]) == 2 for v in ("overlapped", "after backward", "no_sync"))
+        assert r["backward sleep s"] == pytest.approx(2 * 0.01 * 4 * 4 / 1e3)
+    assert result[0]["overlapped"] == result[1]["overlapped"]   # the slowest rank's, on both
+    assert result[0]["rounds id"] != ""
+
+
+def test_emulated_mlp_sleeps_in_every_block_and_keeps_the_values():
+    import torch
+    from labutils import emulated_overlap
+    from labutils.parallel.emulated_stages import Delay
+    m = emulated_overlap.emulated_mlp(depth=3, width=8, layer_ms=0.0)
+    assert sum(isinstance(x, Delay) for x in m.modules()) == 3
+    plain = lu.model_parallel.make_mlp(3, 8, 8, 8)
+    x = torch.randn(2, 8)
+    torch.testing.assert_close(m(x), plain(x), rtol=0, atol=0)
+
+
+@pytest.mark.lab04c1
+@pytest.mark.slow
 def test_exposed_worker_pairs_its_rounds():
     result = lu.launch(spans_mod.exposed_worker, rounds=2, bucket_cap_mb=0.1, width=1,
                        batch_per_rank=8, world_size=2)

@@ -24,6 +24,7 @@ the same buckets only after backward (``AfterBackwardDDP``), to show what overla
 """
 from __future__ import annotations
 
+import os
 import time
 import uuid
 
@@ -55,7 +56,11 @@ def one_thread_group():
         def __init__(self, store, rank, size, timeout):
             opts = gloo._Options()
             opts._threads, opts._timeout = 1, timeout
-            opts._devices = [gloo.create_default_device()]
+            # the interface the default group uses (GLOO_SOCKET_IFNAME, loopback under
+            # lu.launch): create_default_device() would take the hostname's, off loopback
+            ifname = os.environ.get("GLOO_SOCKET_IFNAME", "")
+            opts._devices = [gloo.create_device(interface=ifname) if ifname
+                             else gloo.create_default_device()]
             super().__init__(store, rank, size, opts)
 
     c10d.ProcessGroupGloo = OneThreadGloo
@@ -185,8 +190,16 @@ def exposed_worker(rank, world_size, bucket_cap_mb=0.1, rounds=15, width=4, batc
         m.zero_grad(set_to_none=True)
         wl.loss_fn(m(xb), yb).backward()
 
-    variants = {"sync": lambda: step(model, True), "no_sync": lambda: step(model, False),
-                "after backward": lambda: step(after, True)}
+    out = paired_rounds({"sync": lambda: step(model, True), "no_sync": lambda: step(model, False),
+                         "after backward": lambda: step(after, True)}, rounds)
+    out["buckets"] = len(model.buckets)
+    return out
+
+
+def paired_rounds(variants, rounds):
+    """Inside a rank: time every ``variants[name]()`` once per round, in an order rotated each
+    round, after a barrier; round 0 warms up. Returns ``{name: [seconds of the slowest rank,
+    ...]}`` (a step ends when its slowest rank does) and a ``"rounds id"`` that pairs them."""
     names = list(variants)
     times = {n: [] for n in names}
     for i in range(rounds + 1):
@@ -198,9 +211,7 @@ def exposed_worker(rank, world_size, bucket_cap_mb=0.1, rounds=15, width=4, batc
             variants[name]()
             if i:   # round 0 warms up
                 times[name].append(time.perf_counter() - t0)
-    slowest = slowest_rank([times[n] for n in names])   # a step ends when its slowest rank does
-    out = dict(zip(names, slowest))
-    out["buckets"] = len(model.buckets)
+    out = dict(zip(names, slowest_rank([times[n] for n in names])))
     out["rounds id"] = uuid.uuid4().hex
     return out
 
