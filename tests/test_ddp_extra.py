@@ -192,3 +192,26 @@ def test_hooked_ddp_parameter_unused_everywhere_keeps_no_grad():
     init = Net().to(DTYPE)
     for (_, weights), _ in results:
         assert torch.equal(weights["aux.weight"], init.aux.weight.detach())
+
+
+def _every_backward(ddp_model, micro_batches, loss_fn):   # the same gradients, k all-reduce rounds
+    for X, y in micro_batches:
+        (loss_fn(ddp_model(X), y) / len(micro_batches)).backward()
+
+
+@pytest.mark.lab04b
+@pytest.mark.slow
+def test_accumulation_cost_counts_one_gradient_of_bytes_with_no_sync_and_k_without():
+    fns = {"no_sync": lu.ddp_hooks.accumulate_with_no_sync, "every backward": _every_backward}
+    for r in lu.launch(lu.ddp_performance.accumulation_cost, fns, micro_batches=3, micro_batch=4,
+                       hidden=16, rounds=2, world_size=2):
+        assert r["bytes"]["no_sync"] == r["gradient bytes"] > 0
+        assert r["bytes"]["every backward"] == 3 * r["gradient bytes"]
+        assert r["calls"]["every backward"] == 3 * r["calls"]["no_sync"]
+        assert all(len(r["seconds"][name]) == 2 for name in fns)
+
+
+@pytest.mark.lab04b
+def test_accumulation_cost_refuses_an_empty_set_of_variants():
+    with pytest.raises(ValueError, match="accumulate_fns is empty"):
+        lu.ddp_performance.accumulation_cost(0, 1, {})

@@ -6,7 +6,9 @@
 * ``ddp_step_worker``: seconds per DDP training step of the digits CNN (strong or weak scaling,
   plain gloo or the shared-memory comm hook);
 * ``time_versions``: one step of every DDP version of 04a, and the same buckets launched after
-  backward, in paired rounds.
+  backward, in paired rounds;
+* ``accumulation_cost``: what ``no_sync`` saves in a gradient-accumulation step (04b): the
+  all-reduce calls and bytes counted, the step timed in paired rounds.
 
 Per-rank timelines and exposed communication are in ``experiments/comm_spans.py``.
 """
@@ -24,7 +26,7 @@ from labutils.core.commcount import count_collectives
 from labutils.core.rank import progress
 from labutils.core.timing import Stats, slowest_rank
 from labutils.data import models, workloads
-from labutils.experiments.comm_spans import AfterBackwardDDP
+from labutils.experiments.comm_spans import AfterBackwardDDP, paired_rounds
 from labutils.experiments.ddp_equivalence import MixedNet
 from labutils.parallel.ddp import BucketedDDP, HookedDDP, naive_allreduce_grads
 from labutils.parallel.shm_allreduce import make_all_reduce, shm_allreduce_hook
@@ -194,3 +196,38 @@ def time_versions(rank, world_size, hidden=256, batch_size=256, repeats=25, buck
     slowest = slowest_rank([times[v] for v in versions])   # a step ends with its slowest rank
     rounds = uuid.uuid4().hex
     return {v: (Stats.of(t, rounds), calls[v]) for v, t in zip(versions, slowest)}
+
+
+# ---- what no_sync saves (04b) ----------------------------------------------------------------
+
+
+def accumulation_cost(rank, world_size, accumulate_fns, micro_batches=4, micro_batch=32,
+                      hidden=256, rounds=15):
+    """One gradient-accumulation step (zero_grad, then ``fn(ddp_model, micro_batches,
+    loss_fn)``) of PyTorch's DDP on MixedNet of width ``hidden`` for each ``accumulate_fns[name]``.
+    Returns ``{"calls": {name: all-reduce calls}, "bytes": {name: all-reduced bytes}}`` (counted
+    at the dispatcher in one step after a warm-up step), ``"gradient bytes"`` (the model's), and
+    ``"seconds"``: ``{name: [seconds of the slowest rank, ...]}`` in ``rounds`` paired rounds."""
+    if not accumulate_fns:
+        raise ValueError("accumulate_fns is empty: pass {name: fn(ddp_model, micro_batches, "
+                         "loss_fn)} for each way to accumulate")
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(MixedNet(hidden=hidden))
+    g = torch.Generator().manual_seed(rank)   # each rank its own shard of data
+    batches = [(torch.randn(micro_batch, 16, generator=g), torch.randn(micro_batch, 4, generator=g))
+               for _ in range(micro_batches)]
+
+    def step(fn):
+        model.zero_grad(set_to_none=True)
+        fn(model, batches, nn.functional.mse_loss)
+
+    calls, nbytes = {}, {}
+    for name, fn in accumulate_fns.items():
+        step(fn)                                  # warm-up (DDP rebuilds its buckets)
+        with count_collectives() as counted:
+            step(fn)
+        calls[name], nbytes[name] = counted.all_reduces, counted.bytes_by_op["allreduce_"]
+    seconds = paired_rounds({name: (lambda fn=fn: step(fn)) for name, fn in accumulate_fns.items()},
+                            rounds)
+    return {"calls": calls, "bytes": nbytes, "seconds": seconds,
+            "gradient bytes": sum(p.numel() * p.element_size() for p in model.parameters())}
