@@ -14,7 +14,7 @@ NBVAL := --nbval --nbval-current-env --nbval-cell-timeout=600 --nbval-sanitize-w
 TORCH ?= cpu
 TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 
-.PHONY: lab test test-fast test-notebooks test-portable bench gpu-check venv clean zh release zh-check
+.PHONY: lab reset doctor test test-fast test-notebooks test-portable bench gpu-check venv clean zh release zh-check
 
 venv: $(STAMP)
 
@@ -49,14 +49,25 @@ endif
 # stays out of the repository), holding the translation setting {"locale": "zh_CN"} copied from
 # translations/zh/jupyterlab-settings/; the language pack is in requirements.txt. `make lab`
 # without it stays English and reads the user's own settings.
+#
+# Students work in copies: JupyterLab opens my-labs/ (my-labs/zh/ for the Chinese edition), a
+# git-ignored folder where each lab is copied, outputs cleared, the first time (tools/
+# student_copies.py; a copy that exists is never overwritten), so running a lab, saving it or
+# editing an exercise never touches the executed reference in notebooks/. `make reset` restores
+# every copy, `make reset LAB=04a_ddp_from_scratch` one of them (LANG=zh: the Chinese copies).
+# JupyterLab's news pop-up and update check are off (tools/jupyterlab/overrides.json, copied into
+# the venv's settings): nothing covers the first notebook on a projector, nothing goes online.
 ifneq ($(filter zh%,$(LANG)),)
-LAB_DIR := notebooks/zh
+LAB_DIR := my-labs/zh
+EDITION := zh
 LAB_ENV := LANG=$(if $(filter zh,$(LANG)),C.UTF-8,$(LANG)) JUPYTERLAB_SETTINGS_DIR=$(CURDIR)/$(VENV)/jupyterlab-settings-zh
 else
-LAB_DIR := notebooks
+LAB_DIR := my-labs
+EDITION := en
 LAB_ENV :=
 endif
 ZH_SETTINGS := translations/zh/jupyterlab-settings/@jupyterlab/translation-extension
+LAB_OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.json
 
 lab: $(STAMP)
 ifneq ($(filter zh%,$(LANG)),)
@@ -64,8 +75,13 @@ ifneq ($(filter zh%,$(LANG)),)
 	@cp $(ZH_SETTINGS)/plugin.jupyterlab-settings \
 		$(VENV)/jupyterlab-settings-zh/@jupyterlab/translation-extension/
 endif
+	@mkdir -p $(dir $(LAB_OVERRIDES)) && cp tools/jupyterlab/overrides.json $(LAB_OVERRIDES)
+	@$(PY) tools/student_copies.py sync --edition $(EDITION)
 	$(LAB_ENV) $(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1 --no-browser \
 		--ServerApp.root_dir=$(LAB_DIR) $$( [ "$$(id -u)" = 0 ] && echo --allow-root )
+
+reset: $(STAMP)
+	$(PY) tools/student_copies.py reset --edition $(EDITION) $(LAB)
 
 # The Chinese edition: notebooks/zh/ built from the English labs and translations/zh/<lab>.po
 # (gettext catalogs; tools/zh_catalog.py): the catalogs synced with the English (changed cells

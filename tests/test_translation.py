@@ -302,8 +302,9 @@ def test_chinese_jupyterlab_settings_and_language_pack():
 
 @pytest.mark.slow
 def test_make_lab_lang_zh_opens_the_chinese_edition_with_a_valid_locale():
-    """`make -n` prints the commands: LANG=zh selects notebooks/zh and the Chinese settings,
-    and Jupyter gets a real locale (C.UTF-8), not LANG=zh; plain `make lab` stays English."""
+    """`make -n` prints the commands: LANG=zh selects the Chinese copies (my-labs/zh, made from
+    notebooks/zh) and the Chinese settings, and Jupyter gets a real locale (C.UTF-8), not
+    LANG=zh; plain `make lab` stays English."""
     import subprocess
 
     def dry_run(*args):
@@ -313,10 +314,12 @@ def test_make_lab_lang_zh_opens_the_chinese_edition_with_a_valid_locale():
     zh_run = dry_run("LANG=zh")
     launch = zh_run[zh_run.index("jupyter lab") - 200:]
     assert "LANG=C.UTF-8 " in launch and "LANG=zh " not in launch
-    assert "JUPYTERLAB_SETTINGS_DIR=" in launch and "root_dir=notebooks/zh" in launch
+    assert "JUPYTERLAB_SETTINGS_DIR=" in launch and "root_dir=my-labs/zh" in launch
     assert "plugin.jupyterlab-settings" in zh_run  # copied for this launch
+    assert "student_copies.py sync --edition zh" in zh_run
     en_run = dry_run()
-    assert "JUPYTERLAB_SETTINGS_DIR" not in en_run and "root_dir=notebooks " in en_run
+    assert "JUPYTERLAB_SETTINGS_DIR" not in en_run and "root_dir=my-labs " in en_run
+    assert "student_copies.py sync --edition en" in en_run
 
 
 def test_carry_keeps_the_chinese_of_unchanged_comments_and_strings_on_changed_code():
