@@ -136,6 +136,11 @@ test-portable: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m labutils.bench all
 
+# Is this machine ready for a class? Python, torch, cores, memory, disk, JupyterLab, a Chinese
+# font, the UI test's browser and a real 2-rank launch, each with what to fix (under 30 s).
+doctor: $(STAMP)
+	$(PY) -m labutils.bench.doctor
+
 # A short prepared check for a machine with a GPU (nccl launch, bf16 MFU); exits cleanly without.
 gpu-check: $(STAMP)
 	$(PY) -m labutils.bench.gpucheck
