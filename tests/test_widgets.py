@@ -349,3 +349,52 @@ def test_long_runs_drive_the_progress_bar(experiment):
     assert n == total and total >= 2 and desc in ("steps", "repeats")
     assert (p.progress.value, p.progress.max) == (total, total)
     assert p.progress_label.value == f"{desc} {total}/{total}"
+
+
+def test_the_status_counts_the_warm_up_then_shows_elapsed_time_and_an_estimate():
+    import labutils as lu
+    warmed, finish = threading.Event(), threading.Event()
+
+    def run(rounds):
+        warmed.wait(30)
+        lu.progress(1, rounds, "rounds")   # one round of four done
+        finish.wait(30)
+        return rounds
+
+    def status_within(predicate, seconds=10):
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if predicate(p.status.value):
+                return p.status.value
+            time.sleep(0.02)
+        raise AssertionError(f"status stayed {p.status.value!r}")
+
+    p = widgets.panel(run, rounds=[4])
+    p.TICK_S = 0.05
+    p.start()
+    assert "warming up" in status_within(lambda s: "warming up" in s)   # not a frozen 0%
+    warmed.set()
+    late = status_within(lambda s: "left" in s)
+    assert late.startswith("running…") and " s, about " in late
+    finish.set()
+    assert p.wait(30) and p.status.value.startswith("done")
+    time.sleep(3 * p.TICK_S)
+    assert p.status.value.startswith("done")   # the clock never writes over the final status
+
+
+@pytest.mark.slow
+def test_an_oversubscribed_launch_warns_in_the_panel_log_as_one_line():
+    import labutils as lu
+
+    def run(world_size):
+        return lu.launch(_noop, world_size=world_size)
+
+    world_size = lu.env.cpu_count() + 1
+    p = widgets.panel(run, world_size=[world_size])
+    assert p.run() == [None] * world_size
+    warned = [line for line in p._lines if "oversubscription" in line]
+    assert len(warned) == 1 and warned[0].startswith("warning: ") and "/" not in warned[0]
+
+
+def _noop(rank, world_size):
+    return None

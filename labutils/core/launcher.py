@@ -119,15 +119,19 @@ def launch(fn, *args, world_size=2, backend="auto", timeout=120.0, threads_per_r
     _check_inputs(fn, world_size, backend, timeout, threads_per_rank)
     backend = resolve_backend(backend, world_size)
     cores = cpu_count()
-    if warn_oversubscription and world_size > cores:
-        # one plain line in the cell, without this machine's file path: named for lu.launch,
-        # shown once per message in a kernel (the registry), as warnings.warn would per line
-        warnings.warn_explicit(tr("{world_size} ranks on {cores} cores: ranks will share cores "
-                                  "(oversubscription), so timings will be slower than with "
-                                  "{cores} ranks", world_size=world_size, cores=cores),
-                               OversubscriptionWarning, "lu.launch", 0, registry=_WARNED)
     threads = threads_per_rank or _env_threads() or max(1, cores // world_size)
     job = _Job(fn, args, kwargs, world_size, backend, float(timeout), threads)
+    if warn_oversubscription and world_size > cores:
+        message = tr("{world_size} ranks on {cores} cores: ranks will share cores "
+                     "(oversubscription), so timings will be slower than with {cores} ranks",
+                     world_size=world_size, cores=cores)
+        if job.sink is not None:   # a panel's thread: a warning there would reach no cell
+            job.sink.write(tr("warning: {message}", message=message))
+        else:
+            # one plain line in the cell, without this machine's file path: named for
+            # lu.launch, shown once per message in a kernel (the registry), as warnings.warn
+            warnings.warn_explicit(message, OversubscriptionWarning, "lu.launch", 0,
+                                   registry=_WARNED)
     in_cell = threading.current_thread() is threading.main_thread() and job.sink is None
     try:
         return job.run()

@@ -21,7 +21,10 @@ disabled until it ends (a double click never starts two jobs); Stop, or JupyterL
 (the kernel interrupt), ends every rank and shows "stopped: every rank was ended", also when
 pressed before the ranks started (the launch then starts nothing); rank output and rank 0's
 ``lu.progress`` calls go to the panel (``job.output_to``); a new run clears the last one's
-result, error and status; an error shows as ``error: rank N: ExcType: message``. The panel's outputs are widget *state* (``Output.outputs``), so they work
+result, error and status; an error shows as ``error: rank N: ExcType: message``. While it
+runs, the status shows the elapsed seconds every second and, once a round is done, an estimate
+of what is left (before that: "warming up"); a launch with more ranks than cores writes its
+oversubscription warning in the panel's log, as one line. The panel's outputs are widget *state* (``Output.outputs``), so they work
 from a thread and can be tested without a browser. ``Panel.run(**overrides)`` runs it from
 code and returns the result (or raises).
 """
@@ -55,6 +58,8 @@ def _unit(desc):
 class Panel:
     """Controls, Run and Stop buttons, a progress bar, a log and an output area around
     ``run(**values)``; ``plot(result)`` draws the result (replaced on every run)."""
+
+    TICK_S = 1.0   # how often the status shows the elapsed time and the estimate
 
     def __init__(self, run, plot=None, *, title="", values=None, **controls):
         if not callable(run):
@@ -171,6 +176,28 @@ class Panel:
         self.progress.max = max(1, total)
         self.progress.value = max(0, min(n, total))
         self.progress_label.value = f"{_unit(desc)} {n}/{total}".strip()
+        self._done_of = (n, total)
+
+    def _tick(self):
+        """The status while running: elapsed seconds, and an estimate once a round is done (the
+        warm-up round comes first and reports nothing, so a bar at 0 is not a frozen run)."""
+        with self._lock:
+            if self._done.is_set() or self._stop_requested:   # "stopping…" stays
+                return
+            elapsed = time.monotonic() - self._started
+            n, total = self._done_of
+            if 0 < n < total:
+                self.status.value = tr("running… {seconds:.0f} s, about {left:.0f} s left",
+                                       seconds=elapsed, left=elapsed / n * (total - n))
+            elif n == 0:
+                self.status.value = tr("running… {seconds:.0f} s (warming up: no round done yet)",
+                                       seconds=elapsed)
+            else:
+                self.status.value = tr("running… {seconds:.0f} s", seconds=elapsed)
+
+    def _ticker(self, every):
+        while not self._done.wait(every):
+            self._tick()
 
     # -- running ---------------------------------------------------------------------------
     def start(self, **overrides):
@@ -195,12 +222,16 @@ class Panel:
         self.output.outputs = ()     # the last run's plot or error must not sit beside this one
         self.progress.value, self.progress_label.value = 0, ""
         self.status.value = tr("running…")
+        self._started, self._done_of = time.monotonic(), (0, 0)
         threading.Thread(target=self._work, args=(values,), daemon=True,
                          name=f"lu-panel-{self.title}").start()
+        threading.Thread(target=self._ticker, args=(self.TICK_S,), daemon=True,
+                         name=f"lu-panel-clock-{self.title}").start()
         return True
 
     def _work(self, values):
         start = time.monotonic()
+        status = tr("error")
         try:
             with job.output_to(self._write, self._on_progress) as sink:
                 self._sink = sink
@@ -208,18 +239,18 @@ class Panel:
                 result = self._run_fn(**values)
             self.result = result
             self.output.outputs = self._draw(result)
-            self.status.value = tr("done in {seconds:.1f} s", seconds=time.monotonic() - start)
+            status = tr("done in {seconds:.1f} s", seconds=time.monotonic() - start)
         except errors.LaunchStopped as e:
             self.error = e
             self.output.outputs = (_text_output(tr("stopped: every rank was ended"), "stderr"),)
-            self.status.value = tr("stopped")
+            status = tr("stopped")
         except Exception as e:  # noqa: BLE001 - any error shows in the panel, which stays usable
             self.error = e
             self.output.outputs = (_text_output(tr("error: {error}", error=describe_error(e)),
                                                 "stderr"),)
-            self.status.value = tr("error")
         finally:
-            with self._lock:
+            with self._lock:   # under the clock's lock: its last tick cannot overwrite this
+                self.status.value = status
                 self._sink = None
                 self._set_busy(False)
                 self._done.set()
