@@ -116,6 +116,17 @@ def test_each_template_lives_in_the_lowest_package_that_prints_it():
         assert owner[message] == lowest, (message, files)
 
 
+def test_a_long_previous_msgid_stays_one_line_that_polib_reads(tmp_path):
+    """Babel wraps a fuzzy entry's old English (``#|``) into lines that are no PO syntax."""
+    from babel.messages.catalog import Catalog
+    old = "an old template {x}" + " long enough to wrap" * 6
+    catalog = Catalog(locale="zh_CN")
+    catalog.add("a new template {x}", "旧 {x}", flags=("fuzzy",), previous_id=(old,))
+    path = tmp_path / "zh.po"
+    path.write_text(zm.render(catalog), encoding="utf-8")
+    assert polib.pofile(str(path))[0].previous_msgid == old
+
+
 def test_the_message_catalogs_pass_the_tool_check():
     """tools/zh_messages.py check: in step with the code, all translated, placeholders equal."""
     assert zm.check(msgfmt=False) == []

@@ -116,7 +116,21 @@ def render(catalog: Catalog) -> str:
                 message.flags.add("python-brace-format")
     buf = io.BytesIO()
     write_po(buf, catalog, width=0, include_previous=True, include_lineno=False)
-    return buf.getvalue().decode("utf-8")
+    return _join_previous(buf.getvalue().decode("utf-8"))
+
+
+def _join_previous(text: str) -> str:
+    """Babel wraps a long previous msgid (``#| msgid "..."``, a fuzzy entry's old English) at 76
+    columns whatever ``width`` says, and its continuation lines are no PO syntax (``#| words``),
+    which polib then refuses; join them back onto their ``#| msgid`` line."""
+    out: list[str] = []
+    for line in text.splitlines(keepends=True):
+        if (line.startswith("#| ") and not line.startswith(('#| msgid', '#| msgctxt', '#| "'))
+                and out and out[-1].startswith("#| ")):
+            out[-1] = out[-1].rstrip("\n") + " " + line[3:]
+        else:
+            out.append(line)
+    return "".join(out)
 
 
 def merged(known: dict[tuple, str] | None = None) -> dict[str, str]:
