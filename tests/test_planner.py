@@ -1,6 +1,7 @@
 """Tests of labutils.cost.planner (and planspec, published): ZeRO memory, exact parameter and FLOP
 counts against an instantiated model, the pipeline bubble, today's layouts, published rows."""
 import csv
+import dataclasses
 import math
 import os
 
@@ -278,10 +279,17 @@ def test_search_takes_any_tp_that_divides_the_heads():
 # ---- published runs -------------------------------------------------------------------------
 
 def test_default_efficiencies_are_the_documented_fits():
-    for name, hw in pl.HARDWARE.items():
-        if name in pub.FITS:
-            assert pub.fitted_efficiency(name) == pytest.approx(hw.efficiency, abs=1e-4), name
-    assert pl.HARDWARE["H100-80GB"].efficiency == pl.HARDWARE["A100-80GB"].efficiency
+    """Each fitted constant is re-derived from the rows FITS names: the A100's three from
+    Narayanan et al.'s ten rows, the H100's efficiency from Llama 3's 8,192-GPU row."""
+    assert set(pub.FITS) == {"A100-80GB", "H100-80GB", "V100-DGX-2H"}
+    eff, half_width, link = pub.fit_gemm("A100-80GB")
+    a100 = pl.HARDWARE["A100-80GB"]
+    assert eff == pytest.approx(a100.efficiency, abs=1e-4)
+    assert half_width == pytest.approx(a100.gemm_half_width, abs=1.0)
+    assert link == pytest.approx(a100.link_efficiency, abs=1e-3)
+    for name in ("H100-80GB", "V100-DGX-2H"):
+        assert pub.fitted_efficiency(name) == pytest.approx(pl.HARDWARE[name].efficiency,
+                                                            abs=1e-4), name
 
 
 def test_narayanan_held_out_rows_beat_a_constant():
@@ -330,15 +338,144 @@ def test_zero_memory_checker_accepts_reference_and_rejects_typical_mistakes(answ
 
 
 def test_held_out_baseline_is_one_hardware_flop_rate_in_each_rows_convention():
-    """The 2022-2024 baseline runs every job at the fitted row's hardware FLOP rate; an MFU row
-    sees it through its own recomputation (model / hardware FLOPs)."""
-    hfu = 148e12 / 312e12
+    """The 2022-2024 baseline runs every job at its GPU's rate from the planner's own fitting
+    rows; an MFU row sees it through its own recomputation (model / hardware FLOPs)."""
+    rates = pub.baseline_rates()
+    assert rates["A100-80GB"] == pytest.approx(
+        np.mean([r["tflops_per_gpu"] for r in pub.narayanan2021()]) * 1e12 / 312e12)
     rows = pub.validate()
     assert len(rows) == 27 and all(r["source"] for r in rows)
+    assert [r["num_gpus"] for r in rows if r["fitted"]] == [pub.H100_FIT_GPUS]
     for r in rows:
-        ratio = r["model"].iteration_flops(1, "none") / r["model"].iteration_flops(1, r["recompute"])
-        expected = hfu * ratio if r["metric"] == "model" else hfu
+        m = r["model"]
+        ratio = m.iteration_flops(1, "none") / m.iteration_flops(1, r["recompute"])
+        rate = rates[r["hardware"]]
+        expected = rate * ratio if r["metric"] == "model" else rate
         assert r["constant"] == pytest.approx(expected, rel=1e-12)
         assert r["error"] == pytest.approx(r["predicted"] / r["published"] - 1, rel=1e-12)
     llama = [r for r in rows if "Llama" in r["name"]]
     assert llama and all(not r["model"].tied_embeddings and r["model"].gated_mlp for r in llama)
+
+
+# ---- issue 30: the search, the sources as printed, memory, errors that tell the truth -------
+
+def test_a_tp_group_that_does_not_divide_a_node_is_priced_at_the_network():
+    hw = pl.HARDWARE["A100-80GB"]
+    assert [pl._link(hw, t) is hw.intra for t in (1, 2, 4, 8, 3, 6, 16)] == [True] * 4 + [False] * 3
+    model = pl.Transformer(12, 1536, 12, num_kv_heads=6)   # tp 1, 2, 3, 6 divide the heads
+    found = pl.search(model, 24, 24, hw, 0.5, top=1000, recompute="full", zero_stages=(0,),
+                      micro_batches=(1,), virtual_stages=(1,))
+    assert {p.layout.tp for p in found} == {1, 2, 3, 6}
+    network = dataclasses.replace(hw, intra=hw.inter)      # every link the network's
+    for p in found:
+        if p.layout.tp in (3, 6):
+            slow = pl.predict(model, p.layout, 24, network, 0.5, "full").terms
+            assert p.terms["tensor parallel"] == pytest.approx(slow["tensor parallel"])
+
+
+def test_search_never_prices_a_cross_node_tp_group_at_nvlink_speed():
+    """The 145.6 B model on 1,536 A100s: every TP group the search prices at NVLink speed lies
+    inside one node; a 6-wide group (96 heads allow it) pays the network."""
+    hw = pl.HARDWARE["A100-80GB"]
+    model = pub.narayanan2021()[6]["model"]
+    found = pl.search(model, 1536, 2304, hw, recompute="full", top=200, zero_stages=(0, 1),
+                      micro_batches=(1,), virtual_stages=(1, 2), sequence_parallel=(False,))
+    assert found and {p.layout.tp for p in found} >= {8}
+    network = dataclasses.replace(hw, intra=hw.inter)
+    for p in found:
+        if hw.gpus_per_node % p.layout.tp:
+            slow = pl.predict(model, p.layout, 2304, network, recompute="full").terms
+            assert p.terms["tensor parallel"] == pytest.approx(slow["tensor parallel"])
+    assert hw.gpus_per_node % found[0].layout.tp == 0
+    assert all(p.fits and p.memory <= pl.usable_memory(hw) < hw.memory for p in found)
+
+
+def test_memory_counts_megatron_fp32_gradients_and_a_reserve():
+    """18 bytes per parameter without sharding, 6 + 12/d with the distributed optimizer
+    (zero=1); 16 and 4 + 12/d with fp16 gradients (grad_bytes=2, the ZeRO paper's)."""
+    model = pl.Transformer(8, 1024, 16, seq_len=1024)
+    psi = pl.stage_params(model, pl.Layout(dp=8), (8,))[0]
+    mem = {(z, g): pl.memory_per_gpu(model, pl.Layout(dp=8, zero=z, grad_bytes=g), "full")
+           for z in (0, 1) for g in (2, 4)}
+    assert mem[0, 4] - mem[0, 2] == pytest.approx(2 * psi)
+    assert mem[0, 4] - mem[1, 4] == pytest.approx(12 * psi * (1 - 1 / 8))
+    acts = mem[0, 4] - 18 * psi
+    assert mem[1, 4] == pytest.approx((6 + 12 / 8) * psi + acts)
+    assert pl.usable_memory(pl.HARDWARE["H100-80GB"]) == pytest.approx(80e9 * 0.92 - 2e9)
+
+
+def test_flash_attention_stores_no_scores():
+    model = pl.Transformer(8, 1024, 16, seq_len=4096)
+    plain, flash = pl.Layout(tp=2), pl.Layout(tp=2, flash_attention=True)
+    assert (pl.layer_activation_bytes(model, flash, "none")
+            == pl.layer_activation_bytes(model, plain, "selective"))
+    s, a, t = 4096, 16, 2
+    assert (pl.layer_activation_bytes(model, plain, "none")
+            - pl.layer_activation_bytes(model, flash, "none")) == pytest.approx(5 * a * s * s / t)
+    slow = pl.predict(model, plain, 8, "H100-80GB", recompute="selective")
+    fast = pl.predict(model, flash, 8, "H100-80GB", recompute="selective")
+    assert fast.terms["memory-bound ops"] < slow.terms["memory-bound ops"]
+    assert fast.terms["compute"] == pytest.approx(slow.terms["compute"])
+
+
+def test_zero1_gradients_hide_only_behind_the_last_backward():
+    model = pl.Transformer(24, 2048, 16)
+    for zero in (0, 2):
+        layout = pl.Layout(dp=64, zero=zero)
+        pred = pl.predict(model, layout, 64 * 8, "A100-80GB", 0.5, "none", dp_overlap=1.0)
+        exposed = pl.predict(model, layout, 64 * 8, "A100-80GB", 0.5, "none").terms
+        m = 8
+        work = pred.terms["compute"] + pred.terms["memory-bound ops"]
+        window = work if zero else work / m
+        assert pred.terms["data parallel"] == pytest.approx(
+            max(0.0, exposed["data parallel"] - 2 / 3 * window))
+
+
+def test_sources_are_encoded_as_printed():
+    """Narayanan et al. interleaved (Sec. 5.1); MT-NLG and BLOOM predate sequence parallelism;
+    Llama 3: lighter first and last stages, interleaved, FSDP, FlashAttention."""
+    for r in pub.narayanan2021():
+        L = r["layout"]
+        assert (L.virtual_stages > 1) == (L.pp > 1) and not L.sequence_parallel
+        assert all(n % L.virtual_stages == 0 for n in L.layers_per_stage(r["model"].num_layers))
+    rows = pub.runs_2022_2024()
+    for r in rows:
+        if r["source"].startswith(("smith2022", "bigscience2022")):
+            assert not r["layout"].sequence_parallel, r["name"]
+    llama = [r for r in rows if "llama3" in r["source"]]
+    assert len(llama) == 2
+    for r in llama:
+        L = r["layout"]
+        assert L.layers_per_stage(126) == (7,) + (8,) * 14 + (7,)
+        assert L.virtual_stages == 2 and L.flash_attention and L.zero == 1
+    assert all(r["layout"].grad_bytes == 4 for r in rows + pub.narayanan2021())
+
+
+def test_every_published_layout_is_checked_against_memory():
+    """validate() reports whether each layout fits the GPU's usable memory: every row but
+    Llama 3's does; for those the planner's memory model (an upper bound: FSDP's gradient
+    sharding and no dropout are not counted) finds more than an 80 GB H100 holds."""
+    rows = pub.validate()
+    assert all(r["fits"] == (r["memory"] <= pl.usable_memory(pl.get_hardware(r["hardware"])))
+               for r in rows)
+    assert {r["name"] for r in rows if not r["fits"]} == {"Llama-3-405B"}
+    for r in pub.narayanan2021():
+        assert pl.predict(r["model"], r["layout"], r["batch_size"], r["hardware"],
+                          recompute="full").fits, r["name"]
+
+
+def test_held_out_errors_beat_the_constant_overall_and_for_every_source_with_three_rows():
+    table = pub.error_table()
+    assert table["all"][0] == 26
+    assert table["all"][1] < table["all"][2]
+    for source, (n, planner, constant) in table.items():
+        if n >= 3:
+            assert planner < constant, source
+
+
+@pytest.mark.xfail(strict=True, reason="issue 30's target is not reached: the planner's mean "
+                   "error on the held-out 2022-2024 rows is above 8% and less than 3 points "
+                   "below the constant's (error_table prints both)")
+def test_held_out_errors_reach_issue_30s_target():
+    n, planner, constant = pub.error_table()["all"]
+    assert planner <= 0.08 and planner <= constant - 0.03

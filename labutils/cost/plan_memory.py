@@ -1,11 +1,11 @@
 """The planner's memory model: the parameters each pipeline rank holds and the activations one
 layer keeps for backward (Korthikanti et al. 2022, generalised to any FFN width, KV heads and
-mixtures of experts). ``labutils.cost.planner`` (07, 06c) and ``labutils.cost.long_context``
+mixtures of experts). ``labutils.cost.planner`` (07, 06c1) and ``labutils.cost.long_context``
 (06d: what sequence parallelism saves) build on it; the planner re-exports these names.
 """
 from __future__ import annotations
 
-from labutils.cost.planspec import recompute_mode, zero_memory_per_gpu
+from labutils.cost.planspec import recompute_mode, zero_state_bytes
 
 
 def stage_expert_params(model, layout, stages):
@@ -37,7 +37,8 @@ def layer_activation_bytes(model, layout, mode, bytes_per_value=2):
     (LayerNorm, attention and MLP inputs, two dropout masks: split t ways only with sequence
     parallelism), 4sbh + 4sb kv + 4sbf (6sbf gated; x top_k for a mixture of experts, each
     token passing through k experts) inside it, and 5 a s^2 b of attention scores (dropped by
-    selective recomputation). Full recomputation keeps only the input."""
+    selective recomputation, and never stored with ``layout.flash_attention``). Full
+    recomputation keeps only the input."""
     t, sp = layout.tp, layout.sequence_parallel and layout.tp > 1
     s_local, s = model.seq_len // layout.context_parallel, model.seq_len
     b, h, a = layout.micro_batch, model.hidden, model.num_heads
@@ -48,13 +49,16 @@ def layer_activation_bytes(model, layout, mode, bytes_per_value=2):
     if model.num_experts > 1:
         mlp *= model.top_k
     inside = (4 * h + 4 * model.kv_hidden + mlp) * s_local * b / t
-    scores = 5 * a * s_local * s * b / t if mode == "none" else 0
+    flash = getattr(layout, "flash_attention", False)
+    scores = 5 * a * s_local * s * b / t if mode == "none" and not flash else 0
     return outside + inside + scores
 
 
 def memory_per_stage(model, layout, mode, stages, m, bytes_per_value=2):
     """Bytes on each pipeline rank: model states (ZeRO over dp x context_parallel; experts'
-    over that group / expert_parallel) plus the activations of the micro-batches it holds."""
+    over that group / expert_parallel; bf16 weights, ``layout.grad_bytes`` per gradient, 12
+    bytes of fp32 master weights and Adam moments) plus the activations of the micro-batches
+    it holds."""
     L = layout
     sp = L.sequence_parallel and L.tp > 1
     s_local, b, h = model.seq_len // L.context_parallel, L.micro_batch, model.hidden
@@ -75,9 +79,10 @@ def memory_per_stage(model, layout, mode, stages, m, bytes_per_value=2):
             acts += s_local * b * h / (L.tp if sp else 1) * in_flight
         if i == L.pp - 1:   # fp32 logits for the loss, vocabulary split over TP ranks
             acts += 4 * s_local * b * model.vocab / L.tp
-        states = zero_memory_per_gpu(params - experts, group, L.zero)
+        g = L.grad_bytes
+        states = zero_state_bytes(params - experts, group, L.zero, 2, g, 12)
         if experts:
-            states += zero_memory_per_gpu(experts, group // L.expert_parallel, L.zero)
+            states += zero_state_bytes(experts, group // L.expert_parallel, L.zero, 2, g, 12)
         out.append(states + acts)
     return out
 

@@ -1,5 +1,5 @@
 """A scaling planner: memory and step time of transformer training layouts on many GPUs.
-Used by 07_conclusion_outlook (and 06c for the ZeRO memory formula); checked against published
+Used by 07_conclusion_outlook (and 06c1, 06c2 for the ZeRO memory formula); checked against published
 runs in ``labutils.cost.published``. What it plans for (``Transformer``, ``Hardware``,
 ``Layout``) lives in ``labutils.cost.planspec``; the names it needs are imported here.
 
@@ -11,7 +11,11 @@ same bytes; pipeline messages; the part of ring attention's K/V transfer that ou
 attention it hides behind, or Ulysses' all-to-alls; expert parallelism's all-to-alls; all from
 ``labutils.cost.long_context``). The 1F1B schedule runs m such slots plus (p-1)/v of fill and drain,
 so the bubble share is (p-1)/(v m + p - 1); then the data-parallel gradient traffic that
-backward does not hide is added (ZeRO-2/3 per micro-batch). Memory is the busiest pipeline
+backward does not hide is added (ZeRO-2/3 per micro-batch; with ZeRO 0/1 the one all-reduce can
+hide only behind the last micro-batch's backward). The matmuls run at
+``Hardware.gemm_efficiency(hidden / tp)`` of peak: narrower per-GPU matrices, lower efficiency.
+A group of GPUs is priced at NVLink speed only when it fits in a node and divides it (groups of
+6 on 8-GPU nodes straddle nodes), else at the network's. Memory is the busiest pipeline
 rank's model states (ZeRO) plus activations (``labutils.cost.plan_memory``: Korthikanti et
 al. 2022, generalised to any FFN width, KV heads and experts), the first rank's embedding, the last rank's fp32 logits, and with
 recomputation one layer's full working set.
@@ -22,6 +26,7 @@ recomputed (as "HFU" does, and as Narayanan et al. 2021's table did with full re
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass, field
 
@@ -38,11 +43,13 @@ from labutils.cost.planspec import (  # noqa: F401
     A100_EFFICIENCY,
     HARDWARE,
     RECOMPUTE,
+    H100_EFFICIENCY,
     Hardware,
     Layout,
     Transformer,
     get_hardware,
     recompute_mode,
+    usable_memory,
     zero_memory_per_gpu,
 )
 from labutils.cost.step_time import StepTime, _overlapped
@@ -69,9 +76,9 @@ def _check_layout(model, layout, batch_size):
     if len(stages) != L.pp or sum(stages) != model.num_layers or min(stages) < 1:
         raise ValueError(f"stage_layers={stages} must give pp={L.pp} positive layer counts "
                          f"summing to num_layers={model.num_layers}")
-    if L.virtual_stages > 1 and (L.pp == 1 or any(n % L.virtual_stages for n in stages)):
-        raise ValueError(f"virtual_stages={L.virtual_stages} needs pp > 1 and each stage's "
-                         f"layers {stages} divisible by it")
+    if L.virtual_stages > 1 and (L.pp == 1 or min(stages) < L.virtual_stages):
+        raise ValueError(f"virtual_stages={L.virtual_stages} needs pp > 1 and at least that "
+                         f"many layers on each stage {stages}")
     if model.seq_len % L.context_parallel:
         raise ValueError(f"context_parallel={L.context_parallel} must divide "
                          f"seq_len={model.seq_len}")
@@ -111,6 +118,11 @@ class Prediction:
     recompute: str = "full"
     bubble_fraction: float = 0.0    # idle share of the pipeline: (p-1)/(v m + p - 1)
     terms: dict = field(default_factory=dict, compare=False)   # seconds per step, by cause
+    usable_memory: float = float("inf")   # bytes a layout may use: memory less the reserve
+
+    @property
+    def fits(self):
+        return self.memory <= self.usable_memory
 
     @property
     def tflops_per_gpu(self):
@@ -131,8 +143,10 @@ def _dp_network(hw, model_parallel_size):
 
 
 def _link(hw, span):
-    """The intra-node link for a group spanning at most one node's GPUs, else the network."""
-    return hw.intra if span <= hw.gpus_per_node else hw.inter
+    """The intra-node link for a group of ``span`` consecutive GPUs that fits in a node and
+    divides it (so every group stays inside one node), else the network: 6-wide groups on
+    8-GPU nodes put ranks 6-11 on two nodes, and a ring is as slow as its slowest hop."""
+    return hw.intra if span <= hw.gpus_per_node and hw.gpus_per_node % span == 0 else hw.inter
 
 
 def _dp_comm(grad_params, group, zero, m, link):
@@ -148,16 +162,25 @@ def _dp_comm(grad_params, group, zero, m, link):
     return m * rs + ag if zero == 2 else m * (rs + 2 * ag)
 
 
+def _max_efficiency(hw, model, layout):
+    """The largest ``efficiency`` that keeps the matmuls at or below 100% of peak."""
+    return 1 / hw.gemm_efficiency(model.hidden / layout.tp, 1.0)
+
+
 def predict(model, layout, batch_size, hardware, efficiency=None, recompute=True, dp_overlap=0.0):
     """Predicted step time, per-GPU FLOP/s and memory of ``layout`` on ``hardware``.
-    ``efficiency`` defaults to the hardware's documented value; ``recompute`` is True
+    ``efficiency`` (the scale of ``Hardware.gemm_efficiency``) defaults to the hardware's
+    fitted value; ``recompute`` is True
     ("full"), False ("none") or "selective"."""
     hw, mode = get_hardware(hardware), recompute_mode(recompute)
     eff = hw.efficiency if efficiency is None else efficiency
-    if eff is None or not 0 < eff <= 1:
+    if eff is None or not 0 < eff <= _max_efficiency(hw, model, layout):
         raise ValueError(f"efficiency must be in (0, 1] (or set on the Hardware); got {eff!r}")
     stages, m = _check_layout(model, layout, batch_size)
-    L, speed = layout, hw.peak_flops * eff
+    if hw.link_efficiency != 1.0:   # the rates collectives reach, in place of the datasheet's
+        intra, inter = hw.links()
+        hw = dataclasses.replace(hw, intra=intra, inter=inter, link_efficiency=1.0)
+    L, speed = layout, hw.peak_flops * hw.gemm_efficiency(model.hidden / layout.tp, eff)
     tp, pp, cp, v = L.tp, L.pp, L.context_parallel, L.virtual_stages
     tokens = L.micro_batch * model.seq_len // cp            # this rank's tokens per micro-batch
     layer_fwd, attn_fwd = model.layer_flops(tokens) / tp, model.attention_flops(tokens) / tp
@@ -215,7 +238,10 @@ def predict(model, layout, batch_size, hardware, efficiency=None, recompute=True
         experts = stage_expert_params(model, layout, stages)[big]
         dp_comm = (_dp_comm(params[big] - experts, L.dp * cp, L.zero, m, dp_link)
                    + _dp_comm(experts, L.dp * cp // L.expert_parallel, L.zero, m, dp_link))
-    dp_exposed = _overlapped(m * work[slow], dp_comm, dp_overlap)
+    # ZeRO 0/1: the gradients are reduced once, after the last micro-batch's backward has
+    # begun: only that backward can hide them; ZeRO-2/3 reduce each micro-batch's in its own
+    window = m * work[slow] if L.zero >= 2 else work[slow]
+    dp_exposed = _overlapped(window, dp_comm, dp_overlap)
     step = StepTime(m * work[slow], m * (stages[slow] * (tp_comm + cp_comm + ep_comm) + pp_comm)
                        + dp_comm, m * slot_comm + dp_exposed, bubble)
     terms = {"compute": m * (work[slow] - stages[slow] * elementwise),
@@ -228,7 +254,7 @@ def predict(model, layout, batch_size, hardware, efficiency=None, recompute=True
         layout, step, model.iteration_flops(batch_size, "none") / (n_gpus * step.total),
         max(memory_per_stage(model, layout, mode, stages, m)),
         model.iteration_flops(batch_size, mode) / (n_gpus * step.total), mode,
-        bubble / (m * slot + bubble), terms)
+        bubble / (m * slot + bubble), terms, usable_memory(hw))
 
 
 def calibrate(model, layout, batch_size, hardware, measured_flops_per_gpu, convention="model",
@@ -242,7 +268,7 @@ def calibrate(model, layout, batch_size, hardware, measured_flops_per_gpu, conve
 
     def rate(eff):
         return getattr(predict(model, layout, batch_size, hardware, eff, **kwargs), attr)
-    lo, hi = 1e-4, 1.0
+    lo, hi = 1e-4, _max_efficiency(get_hardware(hardware), model, layout)
     if rate(hi) < measured_flops_per_gpu:
         raise ValueError("the measured throughput exceeds what the model allows at 100% of "
                          "peak; check the hardware's peak, the FLOP count and its convention")
@@ -255,12 +281,16 @@ def calibrate(model, layout, batch_size, hardware, measured_flops_per_gpu, conve
 def search(model, num_gpus, batch_size, hardware, efficiency=None, recompute=None, top=10,
            zero_stages=(0, 1, 2, 3), micro_batches=(1, 2, 4, 8), virtual_stages=(1, 2, 4),
            sequence_parallel=(False, True), context_parallel=(1,), dp_overlap=0.0,
-           context_algorithms=("ring",), expert_parallel=(1,)):
+           context_algorithms=("ring",), expert_parallel=(1,), flash_attention=False,
+           grad_bytes=4):
     """Feasible layouts for ``num_gpus``, fastest (model FLOP/s) first: a list of
-    ``Prediction``. Tries every TP that divides the heads (within a node), every pipeline depth
+    ``Prediction``. Tries every TP that divides the heads up to a node's GPUs (one that does not
+    divide the node is priced at the network's speed: see ``_link``), every pipeline depth
     that divides the GPUs (stages may hold unequal numbers of layers), interleaving, sequence
     parallelism, ZeRO, micro-batch sizes and, unless ``recompute`` is given, all three
-    recomputation modes; context and expert parallelism only at the degrees given."""
+    recomputation modes; context and expert parallelism only at the degrees given. A layout is
+    kept if its memory fits ``usable_memory`` (the GPU's memory less a reserve), counting
+    ``grad_bytes`` per gradient (4: Megatron's fp32 main gradients)."""
     hw = get_hardware(hardware)
     modes = RECOMPUTE if recompute is None else (recompute_mode(recompute),)
     tps = [t for t in range(1, hw.gpus_per_node + 1) if model.num_heads % t == 0
@@ -276,12 +306,13 @@ def search(model, num_gpus, batch_size, hardware, efficiency=None, recompute=Non
                     context_algorithms, expert_parallel):
                 if (zero and dp * cp == 1) or (v > 1 and pp == 1) or (sp and tp == 1):
                     continue
-                layout = Layout(dp, tp, pp, zero, mb, v, sp, cp, None, algo, ep)
+                layout = Layout(dp, tp, pp, zero, mb, v, sp, cp, None, algo, ep,
+                                flash_attention, grad_bytes)
                 try:
                     pred = predict(model, layout, batch_size, hw, efficiency, mode, dp_overlap)
                 except ValueError:      # a combination that this batch or model cannot take
                     continue
-                if pred.memory <= hw.memory:
+                if pred.fits:
                     found.append(pred)
     found.sort(key=lambda p: -p.flops_per_gpu)
     return found[:top]

@@ -152,20 +152,50 @@ class Hardware:
     inter: cm.Link           # per GPU: a node's adapters shared among its GPUs
     efficiency: float | None = None
     hbm_bandwidth: float = 2.0e12    # bytes/s of the GPU's memory (datasheet)
+    # GEMM efficiency falls with the per-GPU matrix width x = hidden / tp: the matmuls reach
+    # efficiency x x / (x + gemm_half_width) of peak (0: no shape dependence). Fitted with
+    # ``efficiency`` (labutils.cost.published.FITS names the rows).
+    gemm_half_width: float = 0.0
+    # the fraction of the links' datasheet rate that collectives reach (NCCL's bus bandwidth
+    # over the line rate); fitted with ``efficiency``
+    link_efficiency: float = 1.0
+
+    def links(self):
+        """(intra, inter) at the rate collectives reach: datasheet x ``link_efficiency``."""
+        f = self.link_efficiency
+        return tuple(cm.Link(k.name, k.bandwidth * f, k.latency, k.note)
+                     for k in (self.intra, self.inter))
+
+    def gemm_efficiency(self, width, efficiency=None):
+        """Fraction of peak the matmuls of a ``width``-wide per-GPU layer reach."""
+        eff = self.efficiency if efficiency is None else efficiency
+        return eff * width / (width + self.gemm_half_width)
 
 
-# Peaks, memory and links are datasheet values. The efficiencies are fitted, each to one
-# published run, and nothing else (labutils.published.FITS says which; tests re-derive them):
-# A100: Narayanan et al. 2021, Table 1, 145.6 B row; V100: Shoeybi et al. 2019's 1-GPU
-# baseline; H100: no H100 run is used for fitting: it takes the A100's value, so every
-# published H100 run is a held-out test of the planner.
-A100_EFFICIENCY = 0.6365
+# What a job cannot use of a GPU's memory: CUDA context and kernels' workspace, NCCL's buffers,
+# the caching allocator's fragmentation. An allowance, not a fit: 2 GB plus 8% of the memory
+# (PyTorch and NCCL report 1-3 GB of fixed cost; fragmentation of a few percent is common).
+MEMORY_RESERVE_BYTES, MEMORY_RESERVE_SHARE = 2e9, 0.08
+
+
+def usable_memory(hardware):
+    """Bytes a layout may plan to use on one GPU of ``hardware``: its memory less the reserve."""
+    return hardware.memory * (1 - MEMORY_RESERVE_SHARE) - MEMORY_RESERVE_BYTES
+
+
+# Peaks, memory and links are datasheet values. The efficiencies are fitted to named published
+# rows and nothing else (labutils.published.FITS says which; tests re-derive them):
+# A100: efficiency, gemm_half_width and link_efficiency to the ten rows of Narayanan et al.
+# 2021, Table 1; V100: Shoeybi et al. 2019's 1-GPU baseline; H100: efficiency to one row chosen
+# before any prediction (Llama 3 405B on 8,192 GPUs), the other two the A100's.
+A100_EFFICIENCY, A100_HALF_WIDTH = 0.6204, 0.0
 V100_EFFICIENCY = 0.3548
+H100_EFFICIENCY = 0.6538
 HARDWARE = {hw.name: hw for hw in (
     Hardware("A100-80GB", 312e12, 80e9, 8, cm.LINKS["NVLink"], cm.LINKS["200Gb-IB"],
-             A100_EFFICIENCY, 2.039e12),
+             A100_EFFICIENCY, 2.039e12, A100_HALF_WIDTH),
     Hardware("A100-40GB", 312e12, 40e9, 8, cm.LINKS["NVLink"], cm.LINKS["200Gb-IB"],
-             A100_EFFICIENCY, 1.555e12),
+             A100_EFFICIENCY, 1.555e12, A100_HALF_WIDTH),
     # DGX-2H: 16 V100 on NVSwitch; 8 x 100 Gb/s adapters shared by 16 GPUs. Peak as implied
     # by Shoeybi et al. ("39 TFLOP/s, 30% of peak").
     Hardware("V100-DGX-2H", 130e12, 32e9, 16, cm.LINKS["NVLink-V100"],
@@ -173,7 +203,7 @@ HARDWARE = {hw.name: hw for hw in (
              V100_EFFICIENCY, 0.9e12),
     Hardware("H100-80GB", 989e12, 80e9, 8, cm.Link("NVLink4", 450e9, 3e-6, "H100 NVLink4"),
              cm.Link("400Gb-IB", 50e9, 5e-6, "NDR InfiniBand, one adapter per GPU"),
-             A100_EFFICIENCY, 3.35e12),
+             H100_EFFICIENCY, 3.35e12, A100_HALF_WIDTH),
 )}
 
 
@@ -195,7 +225,15 @@ class Layout:
     taking the remainder); ``context_algorithm``: how the ``context_parallel`` ranks attend,
     "ring" (ring attention) or "ulysses" (DeepSpeed-Ulysses all-to-alls);
     ``expert_parallel``: ranks that share one layer's experts, carved out of the
-    dp x context_parallel ranks (as Megatron-Core does), so the GPU count does not change."""
+    dp x context_parallel ranks (as Megatron-Core does), so the GPU count does not change.
+    ``flash_attention``: attention computed in tiles (FlashAttention), so the s x s scores are
+    never stored nor written to memory (its backward recomputes them: count that FLOP as
+    recompute="selective" does); FLOPs are counted dense (causal masking's skipped half is not
+    subtracted, as Megatron's and most MFU formulas do). ``grad_bytes``: bytes of each
+    gradient kept for the optimizer: 2 (the default: fp16 gradients, the ZeRO paper's 16
+    bytes/param) or 4 (Megatron's fp32 main gradients: with the bf16 weights, fp32 master
+    weights and Adam's two moments 18 bytes/param, or 6 + 12/d with zero=1, its distributed
+    optimizer; the published runs and ``planner.search`` use 4)."""
     dp: int = 1
     tp: int = 1
     pp: int = 1
@@ -207,6 +245,8 @@ class Layout:
     stage_layers: tuple | None = None
     context_algorithm: str = "ring"
     expert_parallel: int = 1
+    flash_attention: bool = False
+    grad_bytes: int = 2
 
     @property
     def cp(self):

@@ -1,5 +1,10 @@
-"""Exercise checkers of lab 07: the ring all-reduce time; ZeRO memory per GPU. Registered in ``labutils.course``; notebooks call
+"""Exercise checkers of lab 07: the ring all-reduce time; ZeRO memory per GPU (and exercise 3's
+reference, ``tp_or_pp``). Registered in ``labutils.course``; notebooks call
 them as ``lu.check_<name>``."""
+import dataclasses
+
+from labutils.cost import planner as pl
+from labutils.cost import published as pub
 from labutils.cost.costmodel import allreduce_time, ring_allreduce_time  # noqa: F401 (the reference)
 from labutils.cost.planspec import zero_memory_per_gpu
 from labutils.exercises.base import make_cases, run_check
@@ -44,3 +49,18 @@ def check_zero_memory_per_gpu(learner_fn, *, timeout=30.0):
     cases = make_cases(world_sizes=(2, 4), per_world_size=1, seed=3)
     return run_check("zero_memory_per_gpu", learner_fn, _zero_memory_harness, cases,
                      timeout=timeout, atol=0.0, rtol=1e-9)
+
+
+def tp_or_pp(hardware="A100-80GB"):
+    """Reference of exercise 3: GPT 310.1B on 1,920 A100s (Narayanan et al.'s row, batch 2160,
+    full recomputation), three ways to split the 1,920 GPUs; per layout its model TFLOP/s per
+    GPU, whether it fits, and its terms (seconds per step). One schedule for all: 1F1B,
+    not interleaved (72 micro-batches per pipeline at dp 30 are no multiple of 16)."""
+    row = next(r for r in pub.narayanan2021() if r["params_billion"] == 310.1)
+    out = {}
+    for dp, tp, pp in ((30, 4, 16), (15, 8, 16), (15, 16, 8)):
+        layout = dataclasses.replace(row["layout"], dp=dp, tp=tp, pp=pp, virtual_stages=1)
+        pred = pl.predict(row["model"], layout, row["batch_size"], hardware, recompute="full")
+        out[f"dp{dp} tp{tp} pp{pp}"] = (round(pred.tflops_per_gpu, 1), pred.fits,
+                                        {k: round(v, 2) for k, v in pred.terms.items() if v})
+    return out
