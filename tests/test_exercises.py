@@ -237,3 +237,11 @@ def test_the_checker_test_helper_fails_when_the_checker_is_wrong():
         assert_check(fake_checker, *checker_cases(right_answer, {}, passes="failed")[0].values)
     with pytest.raises(ValueError, match="unique"):
         checker_cases(right_answer, {"reference": (wrong_answer, "x")})
+
+
+def test_a_string_diagnosis_is_never_cut_but_a_long_list_is():
+    from labutils.exercises.base import first_difference
+    where = "deadlock: rank 0 at B0 of stage 0, rank 1 at F1 of stage 1, both waiting to receive"
+    message = first_difference("no deadlock", where)
+    assert where in message and "..." not in message
+    assert first_difference({1, 2}, set(range(40))).endswith("16...")   # a long repr is cut

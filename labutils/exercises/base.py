@@ -73,8 +73,10 @@ def _expected_got(expected, got):
 
 
 def _short(x, limit=60):
+    """``repr(x)``, cut at ``limit`` characters unless it is a string: a string is a diagnosis
+    (where a deadlock stopped, which mistake), and its end is what the student needs."""
     text = repr(x)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if isinstance(x, str) or len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _kind(x):
