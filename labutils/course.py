@@ -141,49 +141,87 @@ LABS = (
         checkers=("bus_bandwidth",), benchmarks=("emulated_ddp",)),
     Lab("5 Model parallelism principles 模型并行化原理", "05_model_parallel_principles",
         ("model_parallel", "model_parallel_runs", "stage_observers", "stage_memory", "memory",
-         "microbatch", "microbatch_idle", "split_matmul", "timeline", "timeline_plot"),
+         "microbatch", "microbatch_idle", "timeline", "timeline_plot"),
         "the memory wall, per-rank peaks measured vs the formula; a naive layer split with "
         "send/recv checked equal to one process; its idle timeline; micro-batches with send vs "
-        "isend measured against (p-1)/(m+p-1); splitting a matmul", "1.5",
+        "isend measured against (p-1)/(m+p-1); where each form of model parallelism is used",
+        "1.5",
         checkers=("naive_backward", "min_microbatches")),
-    Lab("6 Pipeline parallelism 实践", "06a_pipeline_parallel",
-        ("pipeline", "pipeline_runs", "stage_observers", "torch_pipeline", "pipeline_bubble",
-         "emulated_stages", "timeline", "timeline_plot"),
+    Lab("6 Pipeline parallelism 模型并行化实践 (1): GPipe and 1F1B from scratch",
+        "06a1_pipeline_from_scratch",
+        ("pipeline", "pipeline_runs", "stage_observers", "pipeline_bubble", "emulated_stages",
+         "timeline", "timeline_plot"),
         "GPipe and 1F1B from send/recv, checked equal; bubbles counted and measured (emulated "
-        "compute) vs (p-1)/(m+p-1); torch.distributed.pipelining incl. interleaved 1F1B and "
-        "zero bubble; activation bytes; stage balance", "1.5",
+        "compute), measured/formula per round with its interval, gaps per operation; stage "
+        "balance", "1.5",
         checkers=("one_f_one_b_schedule",), benchmarks=("pipeline",)),
+    Lab("6 Pipeline parallelism 模型并行化实践 (2): schedules", "06a2_pipeline_schedules",
+        ("torch_pipeline", "pipeline_runs", "stage_observers", "pipeline_bubble",
+         "emulated_stages", "commcount"),
+        "activation bytes of GPipe vs 1F1B; torch.distributed.pipelining (GPipe, 1F1B, "
+        "interleaved 1F1B, zero bubble, ZBV) checked equal; bubbles, activations and messages "
+        "counted; per-action waits inside PyTorch's schedules measured and replayed", "1"),
     Lab("6 Tensor parallelism 实践", "06b_tensor_parallel",
         ("tensor_parallel", "tp_equivalence", "tp_timing"),
         "Megatron column/row-parallel layers, parallel MLP, attention and layer, checked equal; "
         "bytes and all-reduces per layer; a layer timed on 1 rank vs TP vs DP, with timelines; "
         "torch.distributed.tensor.parallel", "1.5",
-        checkers=("f_and_g",), benchmarks=("tensor_parallel",)),
-    Lab("6 Sharding and memory 性能优化", "06c_sharding_and_memory",
-        ("sharding", "zero_optimizer", "zero3", "zero_training", "zero_components",
-         "mesh_2d", "mesh_2d_runs", "memory"),
-        "ZeRO 1/2/3 from scratch and FSDP2, checked equal (padding included); ZeRO-3 around a "
-        "tied-head GPT equal to fully_shard; measured peak minus activations within 5% of the "
-        "ZeRO formula per stage; checkpointing and bf16 "
-        "timed with spread; a 2-D mesh; an interleaved optimisation walk-through", "1.5",
+        checkers=("f_and_g", "crossover_tokens"), benchmarks=("tensor_parallel",)),
+    Lab("6 Sharding and memory 性能优化 (1): ZeRO from scratch", "06c1_zero_stages",
+        ("sharding", "zero_optimizer", "zero_training", "memory", "commcount"),
+        "ZeRO 1/2/3 from scratch on reduce-scatter and all-gather, checked equal to data "
+        "parallelism (padding included); model state held = the paper's formula byte for "
+        "byte; measured peak minus activations within 5% of it per stage; bytes per step "
+        "counted (2Ψ, 2Ψ, 2Ψ, 3Ψ)", "1",
         checkers=("zero1_step",), benchmarks=("zero",)),
-    Lab("6 Sequence, context and expert parallelism 实践", "06d_sequence_context_expert",
-        ("sequence_parallel", "sp_equivalence", "sp_memory", "online_softmax", "ring_attention",
-         "ring_timing", "ring_trace", "ulysses", "ulysses_equivalence", "moe_router", "moe",
-         "moe_dispatch", "long_context"),
-        "Megatron sequence parallelism (same bytes as TP, activation memory counted against the "
-        "formula), ring attention with online softmax, zig-zag balance and a measured overlap "
-        "timeline, Ulysses all-to-all attention, expert parallelism for a mixture-of-experts "
-        "layer with capacity and dropped slots counted: each checked equal to one process "
-        "(outputs and every gradient) on 2, 3 and 4 ranks", "0.5",
-        checkers=("merge_attention_blocks", "dispatch_indices")),
+    Lab("6 Sharding and memory 性能优化 (2): FSDP2, mixed precision, checkpointing",
+        "06c2_fsdp_and_memory",
+        ("sharding", "zero3", "zero_training", "zero_components", "mixed_precision", "memory"),
+        "FSDP2 checked equal, its measured/formula memory ratio; ZeRO-3 around a tied-head GPT "
+        "equal to fully_shard; mixed precision's bytes (16Ψ either way until ZeRO shards the "
+        "optimiser), bf16 all-gathers counted at half; checkpointing and bf16 timed; a "
+        "walk-through changing one thing per row", "1",
+        checkers=(), benchmarks=()),
+    Lab("6 Sequence parallelism 实践", "06d1_sequence_parallelism",
+        ("sequence_parallel", "sp_equivalence", "sp_memory", "long_context"),
+        "Megatron sequence parallelism on TP, checked equal (outputs and every gradient) on 2, 3 "
+        "and 4 ranks; payloads counted at the dispatcher (TP's bytes in twice the calls, ring "
+        "model); activation memory counted against the formula, with Megatron's re-gather; a step "
+        "timed against TP and in Megatron's (s, b, h) layout, in paired rounds", "1.5"),
+    Lab("6 Context parallelism 实践", "06d2_context_parallelism",
+        ("online_softmax", "ring_attention", "ring_timing", "ring_trace", "emulation", "ulysses",
+         "ulysses_equivalence", "long_context"),
+        "ring attention with the online softmax and Ulysses all-to-all attention, checked equal "
+        "(outputs and every gradient) on 2, 3 and 4 ranks; sends counted; zig-zag balance "
+        "counted; overlapped against serial hops timed on 2 ranks (real and emulated link); "
+        "ring against Ulysses bytes for MHA and GQA", "1.5",
+        checkers=("merge_attention_blocks",)),
+    Lab("6 Expert parallelism 实践", "06d3_expert_parallelism",
+        ("moe_router", "moe", "moe_dispatch", "moe_balance", "commcount", "long_context"),
+        "a mixture-of-experts layer routed as GShard does (first choices before second choices; "
+        "what token-major order would drop, counted), the load-balancing loss against its "
+        "balanced value 1 and a router collapsing without it, expert parallelism with two "
+        "all-to-alls checked equal to one process (outputs and every gradient) on 2, 3 and 4 "
+        "ranks, bytes counted at the dispatcher", "0.5",
+        checkers=("keep_within_capacity", "dispatch_indices")),
+    Lab("6 Composed parallelism 性能优化: data x tensor x pipeline", "06e_composed_parallelism",
+        ("parallel_dims", "composed", "torch_composed", "composed_runs", "mesh_plot",
+         "commcount", "timeline", "timeline_plot"),
+        "ParallelDims: a rank's coordinates and groups on a (pp, dp, cp, tp) mesh, checked "
+        "against DeviceMesh; a small GPT trained on 8 ranks as dp=2 x tp=2 x pp=2 from Megatron "
+        "layers, 1F1B and a gradient all-reduce, checked equal to one process (float64); calls "
+        "and bytes per mesh dimension counted equal to the formula; where each dimension's "
+        "communication falls in a step; fully_shard + parallelize_module + pipelining on the "
+        "same mesh checked equal", "0.5",
+        checkers=("rank_coords",)),
     Lab("Conclusion and outlook 结论与展望", "07_conclusion_outlook",
         ("costmodel", "allreduce_fit", "emulated_ddp", "planspec", "plan_memory", "planner",
-         "long_context", "published"),
-        "the cost model fitted here, tested on held-out all-reduces and real DDP steps (an "
-        "emulated link only checks the emulator); a planner (GQA, SwiGLU, interleaving, sequence "
-        "and context parallelism, expert parallelism, selective recomputation) tested on published runs it was not "
-        "fitted to, against a baseline, and extrapolated term by term to 4,096 GPUs", "1.5",
+         "capacity", "long_context", "published"),
+        "the cost model's form fitted here, tested on held-out all-reduce repeats and real DDP "
+        "steps (an emulated link only checks the emulator); a planner whose constants come from "
+        "datasheets and named published rows, its errors on 2022-2024 runs it was not fitted to "
+        "printed per source against a constant baseline, extrapolated term by term to 4,096 "
+        "GPUs", "1.5",
         checkers=("ring_allreduce_time", "zero_memory_per_gpu")),
 )
 
@@ -219,9 +257,14 @@ HEADER = ("article chapter", "notebook", "labutils", "what it shows", "minutes o
 COMING = "(coming)"
 
 
-def markdown_table(link_prefix="notebooks/", language="en"):
+STUDENT_COLUMNS = ("article chapter", "notebook", "what it shows", "minutes on a laptop")
+
+
+def markdown_table(link_prefix="notebooks/", language="en", columns=HEADER):
     """The labs as a Markdown table, in English or in Chinese ("zh", the map of the Chinese
-    edition); labs not written yet are marked as coming."""
+    edition); labs not written yet are marked as coming. ``columns``: which of ``HEADER``'s
+    (the README has them all; a notebook shows ``STUDENT_COLUMNS``, narrow enough for a
+    1,024-pixel projector)."""
     if language not in i18n.LANGUAGES:
         raise ValueError(f"no course map in {language!r}; the choices are "
                          f"{', '.join(repr(x) for x in i18n.LANGUAGES)}")
@@ -232,16 +275,18 @@ def markdown_table(link_prefix="notebooks/", language="en"):
     for lab in LABS:
         name = (f"[{lab.notebook}]({link_prefix}{lab.notebook}.ipynb)" if lab.exists
                 else f"{lab.notebook} {say(COMING)}")
-        rows.append((lab.chapter, name, ", ".join(f"`{m}`" for m in lab.modules),
-                     say(lab.shows), lab.minutes, say(lab.device)))
-    return tables.markdown_table(rows, tuple(say(h) for h in HEADER))
+        row = dict(zip(HEADER, (lab.chapter, name, ", ".join(f"`{m}`" for m in lab.modules),
+                                say(lab.shows), lab.minutes, say(lab.device))))
+        rows.append(tuple(row[c] for c in columns))
+    return tables.markdown_table(rows, tuple(say(h) for h in columns))
 
 
 def show_map():
     """Display the course map in a notebook (links relative to the notebook's folder), in the
     language set by ``lu.set_language``."""
     from IPython.display import Markdown, display
-    display(Markdown(markdown_table(link_prefix="", language=i18n.language())))
+    display(Markdown(markdown_table(link_prefix="", language=i18n.language(),
+                                    columns=STUDENT_COLUMNS)))
 
 
 README_START, README_END = "<!-- labs:start -->", "<!-- labs:end -->"

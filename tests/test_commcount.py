@@ -80,3 +80,23 @@ def test_each_call_records_its_payload_peer_and_both_clocks():
                   ("send", 28, 2, 1, None), ("alltoall_base_", 16, 2, None, True)]
     assert r1[2] == ("recv_", 28, 2, 0, None)
     assert (sent0, sent1) == (28, 0)
+
+
+def _uneven_all_to_all(rank, world_size):
+    # rank 0 sends 1 row to itself and 3 to rank 1; rank 1 sends 2 rows each way (rows of 2 floats)
+    send = [1, 3] if rank == 0 else [2, 2]
+    recv = [1, 2] if rank == 0 else [3, 2]
+    with lu.commcount.count_collectives() as counted:
+        dist.all_to_all_single(torch.empty(sum(recv), 2), torch.ones(4, 2), recv, send)
+        # the list form, one tensor per peer (gloo's needs equal sizes): 3 rows of 2 floats each
+        dist.all_to_all([torch.empty(3, 2) for _ in range(2)], [torch.ones(3, 2) for _ in range(2)])
+    return [(c.group_rank, c.send_split_bytes, c.recv_split_bytes, c.off_rank_bytes)
+            for c in counted.calls]
+
+
+@pytest.mark.slow
+def test_all_to_all_records_its_split_sizes_and_the_bytes_for_other_ranks():
+    r0, r1 = lu.launch(_uneven_all_to_all, world_size=2)
+    assert r0[0] == (0, [8, 24], [8, 16], 24)      # its own row stays: 24 bytes leave rank 0
+    assert r1[0] == (1, [16, 16], [24, 16], 16)
+    assert r0[1] == (0, [24, 24], [24, 24], 24) and r1[1] == (1, [24, 24], [24, 24], 24)

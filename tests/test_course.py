@@ -79,7 +79,7 @@ def test_the_map_in_an_unknown_language_names_the_choices():
 # and minutes; its markdown stays within 1,400 words (whitespace-separated, code spans
 # included) and it has at most 3 exercises (checker sections plus "More to try" items).
 CLASS_SIZED = ("01", "02", "03a1", "03a2", "03b", "03c", "03d", "03e1", "03e2",
-               "04a", "04b", "04c1", "04c2")
+               "04a", "04b", "04c1", "04c2", "05", "06a1", "06a2", "06b", "06c1", "06c2", "06d1", "06d2", "06d3", "06e", "07")
 MAX_WORDS, MAX_MINUTES, MAX_EXERCISES = 1400, 45, 3
 
 
@@ -120,3 +120,14 @@ def test_a_lab_fits_one_class(lab):
     words = sum(len("".join(c["source"]).split()) for c in cells if c["cell_type"] == "markdown")
     assert words <= MAX_WORDS, f"{words} markdown words; a class reads at most {MAX_WORDS}"
     assert exercise_count(cells) <= MAX_EXERCISES, "at most 3 exercises: split rather than cram"
+
+
+def test_the_map_a_notebook_shows_leaves_out_the_developers_columns():
+    """01 shows the map on a projector: no labutils or CPU/GPU column (the README keeps them)."""
+    for language in ("en", "zh"):
+        header = course.markdown_table(link_prefix="", language=language,
+                                       columns=course.STUDENT_COLUMNS).splitlines()[0]
+        assert header.count("|") == len(course.STUDENT_COLUMNS) + 1
+        assert "labutils" not in header and "`" not in course.markdown_table(
+            columns=course.STUDENT_COLUMNS)
+    assert set(course.STUDENT_COLUMNS) < set(course.HEADER)

@@ -15,7 +15,7 @@ from labutils import long_context as lc
 from labutils import plan_memory as pm
 from labutils import planner as pl
 
-pytestmark = [pytest.mark.lab06d, pytest.mark.lab07]
+pytestmark = [pytest.mark.lab06d1, pytest.mark.lab06d2, pytest.mark.lab07]
 
 A, B = 5e-6, 1 / 50e9      # 5 us, 50 GB/s
 
@@ -97,6 +97,20 @@ def test_ulysses_falls_as_one_over_n_while_the_ring_does_not():
     assert ring == sorted(ring) and ring[-1] < 2 * s * b * h * 2       # -> 2 s b kv, from below
     assert ulysses == sorted(ulysses, reverse=True)
     assert ulysses[-1] * 32 / 31 * 32 == pytest.approx(4 * s * b * h * 2)    # (N-1)/N^2 x 4sbh
+
+
+def test_with_gqa_the_ring_sends_less_up_to_eight_ranks():
+    """Llama-3-70B (64 query heads, 8 KV heads of 128): ring / Ulysses = N/9 while N <= 8;
+    beyond, Ulysses repeats KV heads and the ring sends more."""
+    s, b, h, kv = 131072, 1, 8192, 1024
+    for n in (2, 4, 8, 16, 32, 64):
+        moved = lc.ulysses_kv_heads(64, 8, n) * 128
+        ratio = (lc.ring_kv_bytes(s, b, h, n, 2, "forward", kv_hidden=kv)
+                 / lc.ulysses_bytes(s, b, h, n, 2, "forward", kv_hidden=moved))
+        if n <= 8:
+            assert ratio == pytest.approx(n / 9)
+        else:
+            assert ratio > 1
 
 
 def test_ulysses_needs_heads_divisible_and_repeats_kv_heads():

@@ -1,10 +1,10 @@
 """Expert parallelism for a mixture-of-experts layer (labutils.parallel.moe, moe_router,
-experiments.moe_dispatch; lab 06d): the router's conventions (gates, capacity, dropped slots, aux
-loss) on hand-made cases; the layer on 2, 3 and 4 real ranks equal to its single-process reference
-(outputs, aux loss, every gradient); bytes and all-to-alls counted; our autograd all-to-all equal
-to PyTorch's functional one; a bad split refused before launch; the dispatch_indices checker
-against typical mistakes."""
-import itertools
+experiments.moe_dispatch, moe_balance; lab 06d3): the router's conventions (gates, capacity in
+priority order, dropped slots, aux loss and its balanced value) on hand-made cases and against a
+plain-Python router; the router collapsing without the aux loss; the layer on 2, 3 and 4 real
+ranks equal to its single-process reference (outputs, aux loss, every gradient); bytes and
+all-to-alls counted; our autograd all-to-all equal to PyTorch's functional one; a bad split
+refused before launch; both checkers against typical mistakes."""
 import math
 
 import pytest
@@ -12,14 +12,20 @@ import torch
 import torch.distributed as dist
 
 import labutils as lu
-from labutils.exercises import lab06d
-from labutils.experiments import moe_dispatch
+from labutils.exercises import lab06d3
+from labutils.experiments import moe_balance, moe_dispatch
 from labutils.parallel import moe
-from labutils.parallel.moe_router import capacity, decision_gap, dispatch_indices, route
+from labutils.parallel.moe_router import (
+    capacity,
+    decision_gap,
+    dispatch_indices,
+    keep_within_capacity,
+    route,
+)
 
 from .checkers import assert_check, checker_cases
 
-pytestmark = pytest.mark.lab06d
+pytestmark = pytest.mark.lab06d3
 
 
 # ---- pure logic, no processes -------------------------------------------------------------
@@ -64,11 +70,65 @@ def test_aux_loss_is_switch_equation_4():
     torch.testing.assert_close(uniform.aux_loss, torch.tensor(1.0))
 
 
-def _plain_route(x, w, top_k, capacity_factor, slot_order="token"):
+@pytest.mark.parametrize("num_experts", [2, 4, 8])
+def test_aux_loss_is_1_at_perfect_balance_and_E_when_everything_goes_to_one_expert(num_experts):
+    # a constructed uniform routing: token t prefers expert t % E by a hair, so the load f and
+    # the mean probability P are both exactly uniform: E * sum(1/E * 1/E) = 1
+    h = num_experts
+    x = torch.eye(h).repeat(3, 1)                              # 3E tokens, one-hot
+    w = 1e-3 * torch.eye(num_experts, h)
+    balanced = route(x, w, 1, float(num_experts))
+    assert balanced.slots_per_expert(num_experts).tolist() == [3] * num_experts
+    torch.testing.assert_close(balanced.aux_loss, torch.tensor(1.0))
+    # every token to expert 0 with probability ~1: f = P = e_0, aux -> E (its maximum)
+    w = torch.zeros(num_experts, h)
+    w[0] = 50.0
+    collapsed = route(x, w, 1, float(num_experts))
+    assert collapsed.slots_per_expert(num_experts).tolist() == [3 * h] + [0] * (num_experts - 1)
+    torch.testing.assert_close(collapsed.aux_loss, torch.tensor(float(num_experts)), rtol=1e-4,
+                               atol=1e-4)
+
+
+@pytest.mark.parametrize("num_experts", [2, 4, 8])
+def test_top2_aux_loss_peaks_at_E_over_2_and_reads_1_whenever_P_is_uniform(num_experts):
+    # top-k: f counts the T*k slots, so f_i <= 1/k and E * sum(f_i P_i) <= E/k * sum(P_i) = E/k
+    x = torch.ones(6, num_experts)
+    w = torch.zeros(num_experts, num_experts)
+    w[0], w[1] = 50.0, 49.0                                    # every token: experts 0 and 1
+    collapsed = route(x, w, 2, float(num_experts))
+    assert collapsed.slots_per_expert(num_experts).tolist() == [6, 6] + [0] * (num_experts - 2)
+    torch.testing.assert_close(collapsed.aux_loss, torch.tensor(num_experts / 2))
+    # near-uniform probabilities read ~1 however unbalanced the load: the same choices, by a hair
+    flat = route(x, 1e-5 * w / 50, 2, float(num_experts))
+    assert flat.slots_per_expert(num_experts).tolist() == [6, 6] + [0] * (num_experts - 2)
+    torch.testing.assert_close(flat.aux_loss, torch.tensor(1.0), rtol=0, atol=1e-3)
+
+
+def test_aux_loss_can_dip_below_1_when_load_and_probabilities_disagree():
+    # f = (2/3, 1/3) but P = (0.34, 0.66): 2 * (2/3 * 0.34 + 1/3 * 0.66) = 0.893 < 1, so 1 is the
+    # balanced value, not a bound the loss never crosses
+    p = torch.tensor([[0.51, 0.49], [0.51, 0.49], [0.0001, 0.9999]], dtype=torch.double)
+    r = route(p.log(), torch.eye(2, dtype=torch.double), 1, 2.0)
+    assert r.slots_per_expert(2).tolist() == [2, 1]
+    assert float(r.aux_loss) < 0.9
+
+
+def test_without_the_aux_loss_the_router_collapses_and_with_it_stays_balanced():
+    runs = moe_balance.collapse_runs(aux_weights=(0.0, 0.1), seeds=(0, 1, 2))
+    for seed in (0, 1, 2):
+        alone, balanced = runs[(0.0, seed)], runs[(0.1, seed)]
+        # busiest expert's share over the last 10 steps: perfect balance is 1/4
+        assert sum(alone["top_share"][-10:]) / 10 > 0.75
+        assert sum(balanced["top_share"][-10:]) / 10 < 0.4
+        assert balanced["aux_loss"][-1] < 1.1 < 1.8 < alone["aux_loss"][-1]
+
+
+def _plain_route(x, w, top_k, capacity_factor, slot_order="choice"):
     """An independent router in plain Python, one token at a time: softmax by math.exp, top-k by
-    sorted(), k = 2 gates renormalised, a counter per expert filled in slot order t*k + j (or,
-    as a mutant, all first choices before second ones), the aux loss by loops. Returns
-    (experts, gates, keeps) as nested lists and the aux loss."""
+    sorted(), k = 2 gates renormalised, a counter per expert filled first with every token's
+    first choice, then with the second choices (or, as the token-major simplification, in slot
+    order t*k + j), the aux loss by loops. Returns (experts, gates, keeps) as nested lists and
+    the aux loss."""
     rows, weights = x.double().tolist(), w.double().tolist()
     num_tokens, num_experts = len(rows), len(weights)
     probs = []
@@ -117,14 +177,41 @@ def test_route_equals_an_independent_plain_python_router_with_drops(top_k):
                                    atol=1e-6, rtol=1e-5)
         total_dropped += r.dropped
         if top_k == 2:
-            mutant_differs |= _plain_route(x, ref.router.weight, 2, 1.0, "choice")[2] != keeps
+            mutant_differs |= _plain_route(x, ref.router.weight, 2, 1.0, "token")[2] != keeps
     assert total_dropped > 0                          # the drop path is compared too
     if top_k == 2:
-        # the data can tell token-major from choice-major slot order, so an ordering bug fails
+        # the data can tell priority from token-major order, so an ordering bug fails
         assert mutant_differs
         # and renormalisation matters here: the raw top-2 probabilities do not sum to 1
         assert not torch.allclose(torch.softmax(shards[0] @ ref.router.weight.t(), -1)
                                   .topk(2).values.sum(-1), torch.ones(40))
+
+
+def test_priority_order_places_first_choices_before_second_choices():
+    # E = 2, capacity 2: token 0 picks (0, 1), token 1 (1, 0), token 2 (0, 1)
+    expert = torch.tensor([[0, 1], [1, 0], [0, 1]])
+    # priority: firsts 0, 1, 0 fill expert 0 twice and expert 1 once; then seconds 1 (kept), 0, 1
+    assert keep_within_capacity(expert, 2, 2).tolist() == [[True, True], [True, False],
+                                                           [True, False]]
+    # token-major: token 1's second choice (expert 0) takes token 2's first choice's place
+    assert keep_within_capacity(expert, 2, 2, first_choices_first=False).tolist() == [
+        [True, True], [True, True], [False, False]]
+
+
+@pytest.mark.parametrize("world_size, num_experts", [(2, 4), (3, 6), (4, 8)])
+def test_on_the_labs_data_token_major_drops_first_choices_that_priority_keeps(world_size,
+                                                                              num_experts):
+    ref, shards, _ = moe_dispatch.build(world_size, tokens=64, hidden=32, top_k=2,
+                                        capacity_factor=1.0, num_experts=num_experts)
+    c = moe_balance.capacity_orders(ref, shards)
+    # an expert keeps min(capacity, its slots) in either order: the same number dropped
+    assert c["priority"][0] == c["token-major"][0] > 0
+    # priority drops a first choice only where an expert has more first choices than capacity
+    firsts = [torch.bincount(route(x, ref.router.weight, 2, 1.0).expert[:, 0],
+                             minlength=num_experts) for x in shards]
+    cap = capacity(64, num_experts, 2, 1.0)
+    assert c["priority"][1] == sum(int((n - cap).clamp_min(0).sum()) for n in firsts) == 0
+    assert c["token-major"][1] == c["first choices kept only by priority"] > 0
 
 
 def test_dispatch_indices_sorts_by_expert_stably_and_counts_per_rank():
@@ -217,8 +304,6 @@ def test_bad_split_is_refused_before_any_process_starts(monkeypatch):
     with pytest.raises(ValueError, match=r"6 experts cannot be split evenly over 4 ranks.*"
                                          r"Use a world size in \[1, 2, 3, 6\]"):
         moe_dispatch.run_expert_parallel_check(4, num_experts=6)
-    with pytest.raises(ValueError, match="cannot be split evenly"):
-        moe_dispatch.run_timing(4, num_experts=6)
 
 
 # ---- real ranks ---------------------------------------------------------------------------
@@ -237,7 +322,10 @@ def test_expert_parallel_equals_one_process(world_size, num_experts, top_k, capa
     for rank, r in enumerate(per_rank):
         # per-expert counts, dispatch and combine forward; the two reverse all-to-alls backward
         assert r["collectives"] == {"alltoall_base_": 5}, (rank, r["collectives"])
+        # bytes to other ranks from the split sizes at the dispatcher; slots from the routing
         assert r["bytes"]["dispatch"] == r["off_rank_slots"] * hidden * 4
+        assert 2 * r["tokens_sent_twice"] <= r["off_rank_slots"]
+        assert top_k == 2 or r["tokens_sent_twice"] == 0
         assert r["bytes"]["dispatch backward"] == r["bytes"]["combine"]
         assert r["bytes"]["combine backward"] == r["bytes"]["dispatch"]
     sent = sum(r["bytes"]["dispatch"] + r["bytes"]["combine"] for r in per_rank)
@@ -266,22 +354,6 @@ def test_our_autograd_all_to_all_equals_pytorchs_functional_one():
                                     warn_oversubscription=False):
         torch.testing.assert_close(ya, yb, rtol=0, atol=0)
         torch.testing.assert_close(ga, gb, rtol=0, atol=0)
-
-
-@pytest.mark.slow
-def test_timing_records_every_phase_of_every_repeat_on_every_rank():
-    res = moe_dispatch.run_timing(2, repeats=5, tokens=32, hidden=16)
-    assert set(res["stats"]) == set(moe_dispatch.PHASES)
-    stats = [*res["stats"].values(), res["all-to-all"]]
-    assert all(s.n == 5 and s.min <= s.median <= s.max for s in stats)
-    assert res["comparison"].paired          # forwards timed in lock-step pair up
-    spans = res["spans"]
-    assert len(spans) == 2 * 5 * len(moe_dispatch.PHASES)
-    for rank in (0, 1):
-        mine = [s for s in spans if s.rank == rank]
-        assert [s.name for s in mine] == list(moe_dispatch.PHASES) * 5     # in order
-        assert [s.meta["repeat"] for s in mine] == [i for i in range(5) for _ in range(4)]
-        assert all(a.end <= b.start for a, b in itertools.pairwise(mine))     # in sequence
 
 
 @pytest.mark.parametrize("world_size, num_experts", [(2, 4), (3, 6), (4, 8)])
@@ -356,16 +428,64 @@ def _stub(expert, num_experts, world_size):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("answer, verdict", checker_cases(lab06d.dispatch_indices, {
-    "counts_per_expert": (_per_expert, "one per expert"),
+@pytest.mark.parametrize("answer, verdict", checker_cases(lab06d3.dispatch_indices, {
+    "counts_per_expert": (_per_expert, "one entry per expert"),
     "first_choice_only": (_first_choice_only, "flatten the [T, k] choices"),
     "modulo_ownership": (_modulo_owner, ("e % 2", "contiguous")),
     "unstable": (_unstable, "stable sort"),
     "choice_major": (_choice_major, "slot order t*k + j"),
-    "by_rank_only": (_rank_only, "order the slots by expert"),
+    "by_rank_only": (_rank_only, "not ordered by expert"),
     "no_minlength": (_no_minlength, "minlength=N"),
     "stub": (_stub, "not implemented"),
 }, passes="5 cases passed", also_right={
     "lists": lambda e, n, w: tuple(t.tolist() for t in dispatch_indices(e, n, w))}))
 def test_dispatch_checker_accepts_the_reference_and_rejects_typical_mistakes(answer, verdict):
     assert_check(lu.check_dispatch_indices, answer, verdict)
+
+
+# ---- the keep_within_capacity exercise (process-free) -------------------------------------
+
+def _token_major(expert, num_experts, cap):
+    return keep_within_capacity(expert, num_experts, cap, first_choices_first=False)
+
+
+def _seconds_first(expert, num_experts, cap):
+    return keep_within_capacity(expert.flip(1), num_experts, cap).flip(1)
+
+
+def _at_most_or_equal(expert, num_experts, cap):
+    return keep_within_capacity(expert, num_experts, cap + 1)
+
+
+def _shared_capacity(expert, num_experts, cap):
+    keep = torch.zeros(expert.numel(), dtype=torch.bool)
+    keep[:cap] = True
+    return keep.view_as(expert)
+
+
+def _transposed(expert, num_experts, cap):
+    return keep_within_capacity(expert, num_experts, cap).t()
+
+
+def _keep_stub(expert, num_experts, cap):
+    raise NotImplementedError  # FILL ME IN
+
+
+def _one_wrong(expert, num_experts, cap):
+    keep = keep_within_capacity(expert, num_experts, cap).clone()
+    keep[0, 0] = ~keep[0, 0]
+    return keep
+
+
+@pytest.mark.parametrize("answer, verdict", checker_cases(lab06d3.keep_within_capacity, {
+    "token_major": (_token_major, "token-major order t*k + j"),
+    "second_choices_first": (_seconds_first, "Second choices were placed before first choices"),
+    "at_most_or_equal": (_at_most_or_equal, "(<, not <=)"),
+    "shared_capacity": (_shared_capacity, "applies to each expert separately"),
+    "transposed": (_transposed, "it is transposed"),
+    "other": (_one_wrong, "Token 0's choice 0 (expert 0) should be True, got False."),
+    "stub": (_keep_stub, "not implemented"),
+}, passes="4 cases passed", also_right={
+    "int_mask": lambda e, n, c: keep_within_capacity(e, n, c).int()}))
+def test_keep_checker_accepts_the_reference_and_rejects_typical_mistakes(answer, verdict):
+    assert_check(lu.check_keep_within_capacity, answer, verdict)

@@ -1,5 +1,5 @@
-"""labutils.parallel.pipeline: GPipe and 1F1B from send/recv, checked against one process; PyTorch's
-schedules (interleaved 1F1B, zero bubble) on the same stages; counted bubbles and activations (lab 06a)."""
+"""labutils.parallel.pipeline: GPipe and 1F1B from send/recv, checked against one process; counted
+and measured bubbles; the 1F1B checker (lab 06a1). PyTorch's schedules: test_torch_pipeline.py."""
 import warnings
 from functools import partial
 
@@ -12,12 +12,12 @@ from labutils import pipeline as pl
 from labutils import pipeline_bubble as pb
 from labutils import pipeline_runs as runs_
 from labutils import stage_observers as obs
-from labutils import torch_pipeline as tp
+from labutils.exercises import lab06a1
 from labutils.core.timeline import Span
 
 from .checkers import assert_check, checker_cases
 
-pytestmark = pytest.mark.lab06a
+pytestmark = pytest.mark.lab06a1
 
 MODEL = partial(pl.make_pipeline_mlp, 8, 24, 16, 4)
 
@@ -95,13 +95,6 @@ def test_ideal_machine_weights_stages_by_cost():
     # the slow stage runs m forward+backward pairs of 18 units; the fast ones fill and drain
     assert one_stage_slow == 8 * 18 + 3 * 2 + 3 * 4
     assert pb.ideal_makespan(pb.stage_per_rank("1f1b", 4, 8), stage_weights=[3] * 4) == 9 * 11
-
-
-def test_interleaved_formula_reduces_to_the_plain_one():
-    assert tp.interleaved_bubble(4, 8, 1) == pl.predicted_bubble(4, 8)
-    assert tp.interleaved_bubble(4, 8, 2) == pytest.approx(3 / 19)
-    assert tp.stage_ids("interleaved_1f1b", 1, 4) == [1, 5]
-    assert tp.stage_ids("zbv", 1, 4) == [1, 6]
 
 
 def test_saved_bytes_counts_while_the_graph_lives():
@@ -239,80 +232,6 @@ def test_observing_a_pipeline_changes_no_number_and_sees_every_op(world_size, sc
 
 
 @pytest.mark.slow
-def test_one_f_one_b_holds_fewer_activations_than_gpipe():
-    x, y = torch.randn(64, 16), torch.randn(64, 4)
-    runs = runs_.measure_activation_memory(MODEL, x, y, world_size=4, n_microbatches=8)
-    assert [r["peak_microbatches"] for r in runs["gpipe"]] == [8, 8, 8, 8]
-    assert [r["peak_microbatches"] for r in runs["1f1b"]] == [4, 3, 2, 1]
-    for g, o in zip(runs["gpipe"], runs["1f1b"]):
-        assert o["peak_activation_bytes"] < g["peak_activation_bytes"]
-        assert o["peak_bytes"] < g["peak_bytes"]          # measured by lu.memory.measure_peak
-    # GPipe keeps the whole batch's activations; 1F1B on stage s keeps (p - s) / m of them
-    for s, (g, o) in enumerate(zip(runs["gpipe"], runs["1f1b"])):
-        assert o["peak_activation_bytes"] * 8 == g["peak_activation_bytes"] * (4 - s)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("world_size", [2, 4])
-def test_torch_pipelining_matches_the_from_scratch_pipeline(world_size):
-    x, y = _batch()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        theirs = runs_.run_torch_pipeline(MODEL, x, y, world_size=world_size, n_microbatches=4,
-                                          steps=2)
-        for schedule in ("gpipe", "1f1b"):
-            ours = runs_.run_pipeline(MODEL, x, y, world_size=world_size, schedule=schedule,
-                                   n_microbatches=4, steps=2)
-            for key in ("grads", "params"):
-                torch.testing.assert_close(mp.merge_stage_results(theirs[schedule], key),
-                                           mp.merge_stage_results(ours, key))
-            torch.testing.assert_close(theirs[schedule][-1]["losses"], ours[-1]["losses"])
-
-
-@pytest.mark.slow
-def test_every_torch_schedule_trains_like_one_process_and_runs_the_counted_order():
-    """Interleaved 1F1B and both zero-bubble schedules (v = 2 stages per rank), with W emulated on
-    its own path, equal one process; their own orders idle what the ideal machine counts."""
-    p, m = 2, 4
-    emulated = partial(pl.make_pipeline_mlp, 4, 16, 16, 4, [0.05] * 4, 0, True)
-    plain = partial(pl.make_pipeline_mlp, 4, 16, 16, 4)
-    x, y = _batch(8)
-    runs = runs_.run_torch_pipeline(emulated, x, y, world_size=p, schedules=tuple(tp.SCHEDULES),
-                                 n_microbatches=m, steps=2)
-    ref = pl.reference_train(plain, x, y, steps=2)
-    for schedule, per_rank in runs.items():
-        for key in ("grads", "params"):
-            got = mp.merge_stage_results(per_rank, key)
-            extra = [n for n in got if n.endswith("emulated_weight")]
-            assert len(extra) == 4 and all(got[n].item() == 0 for n in extra), schedule
-            torch.testing.assert_close({n: t for n, t in got.items() if n not in extra}, ref[key])
-        torch.testing.assert_close(next(r["losses"] for r in per_rank if r["losses"]), ref["losses"])
-        kinds = {s.name for r in per_rank for s in r["work_spans"][-1]}
-        assert kinds == {"F", "B", "W"}, (schedule, kinds)     # W ran on its own path
-    orders = {s: runs[s][0]["order"] for s in ("interleaved_1f1b", "zero_bubble", "zbv")}
-    assert pb.ideal_bubble(orders["interleaved_1f1b"]) == pytest.approx(tp.interleaved_bubble(p, m, 2))
-    for schedule in ("zero_bubble", "zbv"):
-        assert {k for rank in orders[schedule] for k, _, _ in rank} == {"F", "I", "W"}
-        assert pb.ideal_bubble(orders[schedule]) < tp.interleaved_bubble(p, m, 2)
-    assert [len(rank) for rank in orders["interleaved_1f1b"]] == [2 * 2 * m] * p   # F, B per stage
-
-
-@pytest.mark.slow
-def test_saved_bytes_agree_between_our_executor_and_torchs():
-    x, y = _batch(16)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        theirs = runs_.run_torch_pipeline(MODEL, x, y, world_size=2, n_microbatches=4, steps=2)
-        for schedule in ("gpipe", "1f1b"):
-            ours = runs_.observe_pipeline(MODEL, x, y, world_size=2, schedule=schedule,
-                                          n_microbatches=4)
-            assert [r["peak_saved_bytes"][-1] for r in theirs[schedule]] == \
-                [r["peak_activation_bytes"] for r in ours], schedule
-    assert all(o < g for o, g in zip(*[[r["peak_saved_bytes"][-1] for r in theirs[s]]
-                                       for s in ("1f1b", "gpipe")]))
-
-
-@pytest.mark.slow
 def test_measure_rounds_keeps_every_round_of_every_variant():
     model_fn = pb.emulated_model(2, 0.4, 2)
     timed = pb.measure_rounds(model_fn, 2, [("gpipe", 2, None), ("1f1b", 4, (1, 1))],
@@ -365,13 +284,46 @@ def _not_done(stage, n_stages, n_microbatches):
     raise NotImplementedError
 
 
+def _forgot_min(stage, n_stages, n_microbatches):    # warm-up of p - s - 1 even when m is smaller
+    return lab06a1._with_warmup(lambda s, p, m: p - s - 1)(stage, n_stages, n_microbatches)
+
+
+def _no_drain(stage, n_stages, n_microbatches):
+    ops = pl.one_f_one_b_schedule(stage, n_stages, n_microbatches)
+    warmup = min(n_stages - stage - 1, n_microbatches)
+    return ops[:len(ops) - warmup]                       # the drain's backwards left out
+
+
+def _one_too_few(stage, n_stages, n_microbatches):     # warm-up of p - s - 2 forwards
+    return pl.one_f_one_b_schedule(stage, max(stage + 1, n_stages - 1), n_microbatches)
+
+
+@pytest.mark.parametrize("answer, words", [
+    (_gpipe_order, "That is GPipe's order"),
+    (_warmup_s, "the wrong way round"),
+    (_one_too_many, "one more than 1F1B's p - s - 1"),
+    (_one_too_few, "one fewer than 1F1B's p - s - 1"),
+    (_forgot_min, "warm up with min(p - s - 1, m) forwards."),
+    (_no_drain, "The last backwards are missing"),
+])
+def test_typical_mistakes_are_named_in_sentences_before_any_rank_starts(answer, words):
+    failed, why = lab06a1.typical_mistake(answer)
+    assert failed is None and words in why and why.endswith(".") and why[0].isupper()
+
+
+def test_the_reference_and_unknown_orders_are_left_to_the_real_run():
+    assert lab06a1.typical_mistake(pl.one_f_one_b_schedule) == (None, None)
+    assert lab06a1.typical_mistake(_backward_first) == (None, None)
+    failed, why = lab06a1.typical_mistake(_not_done)
+    assert why is None and "not implemented" in failed.message
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("answer, verdict", checker_cases(pl.one_f_one_b_schedule, {
-    "gpipe_order": (_gpipe_order, ("forwards before the first backward (1F1B: min(p - s, m))",
-                                   "expected 2, got 6")),
-    "one_forward_too_many": (_one_too_many, ("forwards before the first backward", "expected 2, got 3")),
+    "gpipe_order": (_gpipe_order, "That is GPipe's order: every forward before any backward."),
+    "one_forward_too_many": (_one_too_many, "one more than 1F1B's p - s - 1"),
     "backward_first": (_backward_first, "before F"),
-    "warmup_of_s": (_warmup_s, "deadlock: rank 0 at B0 of stage 0"),
+    "warmup_of_s": (_warmup_s, "so the pipeline deadlocks."),
     "not_done": (_not_done, "not implemented"),
 }))
 def test_check_one_f_one_b_schedule_accepts_reference_and_names_mistakes(answer, verdict):

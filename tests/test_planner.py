@@ -433,7 +433,9 @@ def test_zero1_gradients_hide_only_behind_the_last_backward():
 
 def test_sources_are_encoded_as_printed():
     """Narayanan et al. interleaved (Sec. 5.1); MT-NLG and BLOOM predate sequence parallelism;
-    Llama 3: lighter first and last stages, interleaved, FSDP, FlashAttention."""
+    Llama 3: lighter first and last stages, one layer per chunk, FSDP sharding gradients
+    (ZeRO-2) and overlapped, FlashAttention, no dropout; TP overlap only in the 2022+ Megatron-LM
+    rows."""
     for r in pub.narayanan2021():
         L = r["layout"]
         assert (L.virtual_stages > 1) == (L.pp > 1) and not L.sequence_parallel
@@ -447,18 +449,24 @@ def test_sources_are_encoded_as_printed():
     for r in llama:
         L = r["layout"]
         assert L.layers_per_stage(126) == (7,) + (8,) * 14 + (7,)
-        assert L.virtual_stages == 2 and L.flash_attention and L.zero == 1
+        assert L.virtual_stages == 8 and L.flash_attention and L.zero == 2
+        assert not r["model"].dropout and r["dp_overlap"] == 1.0 and not L.tp_overlap
     assert all(r["layout"].grad_bytes == 4 for r in rows + pub.narayanan2021())
+    for r in rows:
+        assert r["layout"].tp_overlap == r["source"].startswith(("korthikanti2022", "jiang2024"))
+        assert r["model"].dropout or "llama3" in r["source"]
+    assert not any(r["layout"].tp_overlap for r in pub.narayanan2021())
 
 
 def test_every_published_layout_is_checked_against_memory():
     """validate() reports whether each layout fits the GPU's usable memory: every row but
-    Llama 3's does; for those the planner's memory model (an upper bound: FSDP's gradient
-    sharding and no dropout are not counted) finds more than an 80 GB H100 holds."""
+    Llama 3's does; for those the planner's memory model (Megatron's interleaved in-flight
+    count, Korthikanti et al.'s tensors) finds less than 80 GB but more than the usable 71.6."""
     rows = pub.validate()
     assert all(r["fits"] == (r["memory"] <= pl.usable_memory(pl.get_hardware(r["hardware"])))
                for r in rows)
     assert {r["name"] for r in rows if not r["fits"]} == {"Llama-3-405B"}
+    assert all(r["memory"] < 80e9 for r in rows)
     for r in pub.narayanan2021():
         assert pl.predict(r["model"], r["layout"], r["batch_size"], r["hardware"],
                           recompute="full").fits, r["name"]
@@ -473,9 +481,116 @@ def test_held_out_errors_beat_the_constant_overall_and_for_every_source_with_thr
             assert planner < constant, source
 
 
-@pytest.mark.xfail(strict=True, reason="issue 30's target is not reached: the planner's mean "
-                   "error on the held-out 2022-2024 rows is above 8% and less than 3 points "
-                   "below the constant's (error_table prints both)")
 def test_held_out_errors_reach_issue_30s_target():
+    """At most 8% mean error on the 26 held-out rows, at least 3 points below the constant's
+    (the margin is thin: 7.7% against 10.8%)."""
     n, planner, constant = pub.error_table()["all"]
-    assert planner <= 0.08 and planner <= constant - 0.03
+    assert n == 26 and planner <= 0.08 and planner <= constant - 0.03
+
+
+# ---- issue 30, second pass: recomputation, TP overlap, Llama 3's chunks, GPUs needed --------
+
+RECOMPUTES = ("none", "selective", "full")
+
+
+def test_selective_recomputation_repeats_the_scores_memory_traffic():
+    """Selective recomputation repeats the forward's 2 bytes of traffic for each byte of the
+    attention scores it drops, as full recomputation does for every byte it drops."""
+    model = pl.Transformer(8, 1024, 16, seq_len=2048)
+    layout = pl.Layout(tp=2, sequence_parallel=True)
+    stored = pl.layer_activation_bytes(model, layout, "none")
+    scores = stored - pl.layer_activation_bytes(model, layout, "selective")
+    hbm = pl.HARDWARE["A100-80GB"].hbm_bandwidth
+    per_layer = {mode: pl.predict(model, layout, 4, "A100-80GB", 0.5, mode)
+                 .terms["memory-bound ops"] / (4 * 8) for mode in RECOMPUTES}
+    assert per_layer["none"] == pytest.approx(5 * stored / hbm)
+    assert per_layer["selective"] == pytest.approx((5 * stored + 2 * scores) / hbm)
+    assert per_layer["full"] == pytest.approx(7 * stored / hbm)
+
+
+
+def test_korthikanti_hfu_counts_three_times_the_recomputed_scores():
+    """Table 5's HFU/MFU ratios follow the paper's 1 + s/3h (12 B s^2 h per layer recomputed,
+    within its rounding to 0.1 point), while the 4 B s^2 h actually recomputed gives the
+    planner's smaller ratio: a convention, outside the MFU rows the errors are measured on."""
+    rows = [r for r in pub.runs_2022_2024() if r["source"] == "korthikanti2022_t3_t5"]
+    hfu = {"GPT-22B": 43.7, "GPT-175B": 52.8, "GPT-530B": 57.0, "GPT-1T": 57.0}
+    for r in rows:
+        m, mfu = r["model"], 100 * r["published"]
+        s, h, n, v = m.seq_len, m.hidden, m.num_layers, m.vocab
+        paper = (1 + s / (3 * h) + v / (12 * h * n)) / (1 + s / (6 * h) + v / (12 * h * n))
+        assert abs(mfu * paper - hfu[r["name"]]) <= 0.1, r["name"]
+        exact = m.iteration_flops(1, "selective") / m.iteration_flops(1, "none")
+        assert 1 < exact < paper
+    m22 = rows[0]["model"]
+    assert m22.iteration_flops(1, "selective") / m22.iteration_flops(1, "none") == \
+        pytest.approx(1.0174, abs=2e-4)
+
+
+def test_tp_overlap_hides_the_backward_input_gradients_behind_weight_gradients():
+    model = pl.Transformer(8, 4096, 32, seq_len=2048)
+    for sp in (False, True):
+        plain = pl.Layout(tp=8, sequence_parallel=sp)
+        hidden = pl.Layout(tp=8, sequence_parallel=sp, tp_overlap=True)
+        a = pl.predict(model, plain, 8, "A100-80GB", 0.5, "selective")
+        b = pl.predict(model, hidden, 8, "A100-80GB", 0.5, "selective")
+        assert 0 < b.terms["tensor parallel"] < a.terms["tensor parallel"]
+        assert a.step.comm == pytest.approx(b.step.comm)       # the bytes still travel
+        # at most two of the four collectives' worth (without SP: 2 of 4 all-reduces)
+        assert b.terms["tensor parallel"] >= a.terms["tensor parallel"] / 2 - 1e-12
+    # over a slow network the collectives outlast the weight gradients: only those are hidden
+    hw = pl.HARDWARE["A100-80GB"]
+    slow = dataclasses.replace(hw, intra=hw.inter)
+    a = pl.predict(model, pl.Layout(tp=8), 8, slow, 0.5, "none")
+    b = pl.predict(model, pl.Layout(tp=8, tp_overlap=True), 8, slow, 0.5, "none")
+    tokens, speed = 2048, hw.peak_flops * 0.5      # one sequence per micro-batch, 8 of them
+    wgrad = 2 * tokens * 4096 * (4096 + 2 * 4096 + 4 * 4096) / 8 / speed
+    assert (a.terms["tensor parallel"] - b.terms["tensor parallel"]) / (8 * 8) == \
+        pytest.approx(wgrad, rel=1e-9)
+
+
+def test_llama3_chunks_may_hold_only_the_embedding_or_the_output():
+    """One layer per chunk, 8 chunks per rank: the 7-layer first and last stages are accepted
+    (their extra chunk is the embedding or the output layer), a 7-layer middle stage is not."""
+    model = pl.Transformer(30, 1024, 16, seq_len=1024)
+    ok = pl.Layout(pp=4, virtual_stages=8, stage_layers=(7, 8, 8, 7))
+    pl.predict(model, ok, 8, "H100-80GB", 0.5, "selective")
+    with pytest.raises(ValueError, match="one fewer on the first and last"):
+        pl.predict(model, pl.Layout(pp=4, virtual_stages=8, stage_layers=(8, 7, 8, 7)), 8,
+                   "H100-80GB", 0.5, "selective")
+    no_dropout = dataclasses.replace(model, dropout=False)
+    s, h = 1024, 1024
+    assert (pl.layer_activation_bytes(model, pl.Layout(), "selective")
+            - pl.layer_activation_bytes(no_dropout, pl.Layout(), "selective")) == 2 * s * h
+    assert pub.llama3_interleave_range()[pub.LLAMA3_CHUNKS][1] == pytest.approx(
+        next(r["error"] for r in pub.validate() if r["num_gpus"] == 16384), abs=1e-3)
+
+
+def test_gpus_needed_is_the_fewest_that_finish_with_its_range():
+    from labutils.cost import capacity
+    model = pl.Transformer(32, 4096, 32, seq_len=4096, vocab=32000)
+    kw = dict(zero_stages=(1,), micro_batches=(1,), virtual_stages=(1,),
+              sequence_parallel=(True,), recompute="selective")
+    tokens, batch = 1e11, 512
+    steps = tokens / (batch * model.seq_len)
+    got = capacity.gpus_needed(model, tokens, 7 * 86400, "A100-80GB", batch, **kw)
+    n, pred = got["gpus"], got["prediction"]
+    assert n is not None and got["seconds"] <= 7 * 86400
+    assert got["seconds"] == pytest.approx(steps * pred.step.total)
+    fewer = [c for c in capacity.node_counts("A100-80GB") if c < n]
+    for c in fewer:   # every smaller count tried is too slow or finds no layout
+        best = pl.search(model, c, batch, "A100-80GB", top=1, **kw)
+        assert not best or steps * best[0].step.total > 7 * 86400
+    few, many = got["gpus_range"]
+    assert few <= n <= many
+    fast, slow = got["seconds_range"]
+    assert fast < got["seconds"] < slow
+    low, high = got["efficiency_range"]
+    assert low < pl.HARDWARE["A100-80GB"].efficiency < high
+    # a bigger budget never needs fewer GPUs; an impossible one says so
+    assert capacity.gpus_needed(model, 4 * tokens, 7 * 86400, "A100-80GB", batch,
+                                **kw)["gpus"] >= n
+    assert capacity.gpus_needed(model, tokens, 1.0, "A100-80GB", batch, gpu_counts=(8,),
+                                **kw)["gpus"] is None
+    with pytest.raises(ValueError, match="tokens and seconds"):
+        capacity.gpus_needed(model, 0, 1.0, "A100-80GB", batch)

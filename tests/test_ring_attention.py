@@ -1,5 +1,5 @@
 """Ring attention (labutils.parallel.online_softmax, ring_attention; experiments.ring_timing;
-lab 06d): block attention and the online-softmax merge equal to PyTorch's attention; the
+lab 06d2): block attention and the online-softmax merge equal to PyTorch's attention; the
 layouts' positions; the ring on 2, 3 and 4 real ranks equal to one process (output and every
 gradient, contiguous and zig-zag); the counted work equal to its formula; the measurement's
 shape (no timed assertions); the merge checker against typical mistakes."""
@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 import labutils as lu
 from labutils.core.timeline import Span
-from labutils.exercises import lab06d
+from labutils.exercises import lab06d2
 from labutils.experiments import ring_timing as rt
 from labutils.experiments import ring_trace
 from labutils.parallel import online_softmax as osm
@@ -17,7 +17,7 @@ from labutils.parallel import ring_attention as ra
 
 from .checkers import assert_check, checker_cases
 
-pytestmark = pytest.mark.lab06d
+pytestmark = pytest.mark.lab06d2
 
 
 # ---- pure logic, no processes -------------------------------------------------------------
@@ -259,7 +259,7 @@ def test_ring_attention_equals_one_process(world_size, kind):
 def test_measurement_shape_and_counts():
     result = rt.run(2, seq=64, repeats=2)
     assert set(result) == set(rt.VARIANTS)
-    for name, (kind, _) in rt.VARIANTS.items():
+    for name, (kind, _, _) in rt.VARIANTS.items():
         r = result[name]
         assert r["pairs"] == [rt.pairs_formula(64, 2, kind, rank) for rank in range(2)]
         assert r["blocks"] == [rt.blocks_formula(2, kind, rank) for rank in range(2)]
@@ -267,12 +267,38 @@ def test_measurement_shape_and_counts():
         assert r["step"].n == 2
         assert r["step"].min >= max(t.min for t in r["compute"])   # a step includes its compute
         assert 0.0 <= r["overlap"].min <= r["overlap"].max <= 1.0
+        assert r["hops"].n == r["wait"].n == 2 and 0.0 <= r["wait"].min
+        assert r["hops"].max <= r["step"].max                      # hops lie inside the step
         assert {s.name for s in r["spans"]} == {"compute block", "wait for K/V"}
         assert sum(s.name == "compute block" for s in r["spans"]) == 2 * 2   # N blocks, N ranks
     assert "rank" in rt.slowest_words(result["zigzag"]["compute"])
     per_round = rt.slowest_per_round(result["zigzag"]["compute"])
     assert per_round.n == 2
     assert per_round.max == max(max(t.values) for t in result["zigzag"]["compute"])
+
+
+def test_timing_more_ranks_than_cores_is_refused_before_any_process_starts(monkeypatch):
+    def no_launch(*a, **k):
+        raise AssertionError("a process was started for a run that cannot be timed")
+    monkeypatch.setattr(rt, "launch", no_launch)
+    monkeypatch.setattr(rt, "cpu_count", lambda: 2)
+    with pytest.raises(ValueError, match=r"count_work\(4"):
+        rt.run(4, seq=64)
+
+
+@pytest.mark.slow
+def test_untimed_counts_at_more_ranks_than_cores():
+    counts = rt.count_work(4, seq=64)
+    for kind in ra.LAYOUTS:
+        assert counts[kind]["pairs"] == [rt.pairs_formula(64, 4, kind, r) for r in range(4)]
+        assert counts[kind]["blocks"] == [rt.blocks_formula(4, kind, r) for r in range(4)]
+
+
+def test_emulated_variants_differ_from_the_real_ones_only_in_the_link():
+    real = {name: v for name, v in rt.VARIANTS.items() if v[2] is None}
+    emulated = {name: v for name, v in rt.VARIANTS.items() if v[2] is not None}
+    assert sorted(v[:2] for v in emulated.values()) == [("zigzag", False), ("zigzag", True)]
+    assert all(v[:2] in [r[:2] for r in real.values()] for v in emulated.values())
 
 
 def test_torch_sdpa_agrees_with_the_reference_convention():
@@ -285,11 +311,11 @@ def test_torch_sdpa_agrees_with_the_reference_convention():
 # ---- the merge checker (one process) ------------------------------------------------------
 
 def _lse_sum(oa, la, ob, lb):
-    return lab06d.merge_attention_blocks(oa, la, ob, lb)[0], la + lb
+    return lab06d2.merge_attention_blocks(oa, la, ob, lb)[0], la + lb
 
 
 def _lse_max(oa, la, ob, lb):
-    return lab06d.merge_attention_blocks(oa, la, ob, lb)[0], torch.maximum(la, lb)
+    return lab06d2.merge_attention_blocks(oa, la, ob, lb)[0], torch.maximum(la, lb)
 
 
 def _averaged(oa, la, ob, lb):
@@ -331,14 +357,14 @@ def _max_subtracted(oa, la, ob, lb):
 
 
 def _only_out(oa, la, ob, lb):
-    return lab06d.merge_attention_blocks(oa, la, ob, lb)[0]
+    return lab06d2.merge_attention_blocks(oa, la, ob, lb)[0]
 
 
 def _stub(oa, la, ob, lb):
     raise NotImplementedError
 
 
-@pytest.mark.parametrize("answer, verdict", checker_cases(lab06d.merge_attention_blocks, {
+@pytest.mark.parametrize("answer, verdict", checker_cases(lab06d2.merge_attention_blocks, {
     "averaged": (_averaged, ("case 1 of 4", "weights the blocks equally",
                              "exp(lse_block - lse)")),
     "lse_sum": (_lse_sum, ("lse: lse_a + lse_b", "torch.logaddexp")),

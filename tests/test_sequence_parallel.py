@@ -1,4 +1,4 @@
-"""Megatron sequence parallelism (labutils.parallel.sequence_parallel, lab 06d): the pre-LN layer
+"""Megatron sequence parallelism (labutils.parallel.sequence_parallel, lab 06d1): the pre-LN layer
 with dropout equal to one process (outputs and every gradient) at t = 2, 3, 4; the collectives
 counted at the dispatcher (the buffer handed to each call) and the ring model's bytes derived
 from them equal to tensor parallelism alone's; the activation bytes
@@ -11,7 +11,7 @@ from labutils import sequence_parallel as sp
 from labutils import sp_equivalence as se
 from labutils import sp_memory as sm
 
-pytestmark = pytest.mark.lab06d
+pytestmark = pytest.mark.lab06d1
 
 
 # ---- pure logic, no processes -------------------------------------------------------------
@@ -116,3 +116,24 @@ def test_activation_bytes_match_the_adapted_formula():
         assert (by[(t, "TP+SP re-gather")]["measured"] < by[(t, "TP+SP")]["measured"]
                 < by[(t, "TP")]["measured"])
         assert 1.0 < by[(t, "TP")]["ratio"] < 1.03
+
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("t", [2, 3])
+def test_seq_first_layout_equals_one_process(t):
+    """Megatron's (s, b, h) layout: output, input gradient and every parameter gradient equal
+    the single-process layer (asserted inside run_sp_check); its collectives are the
+    single-tensor ones, the same payloads as the (b, s, h) layout's list calls."""
+    res = se.run_sp_check(t, seq_first=True)
+    assert res["grads_checked"] == 12
+    sbh = 2 * 48 * 48 * 8
+    for phase in ("forward", "backward"):
+        assert sorted(res["calls"][phase]) == sorted(
+            2 * [("_allgather_base_", sbh // t, sbh), ("_reduce_scatter_base_", sbh, sbh // t)])
+
+
+def test_seq_first_needs_plain_sequence_parallelism():
+    ref = sp.PreLNTransformerLayer(48, 12)
+    with pytest.raises(ValueError, match="sequence_parallel=True and regather=False"):
+        sp.SequenceParallelTransformerLayer(ref, None, sequence_parallel=False, seq_first=True)

@@ -1,4 +1,4 @@
-"""ZeRO from scratch (labutils.parallel.sharding, lab 06c): stages 1-3 equal to plain data parallelism and
+"""ZeRO from scratch (labutils.parallel.sharding, labs 06c1 and 06c2): stages 1-3 equal to plain data parallelism and
 to single-process training over several steps on 2 and 4 real ranks; model state held per rank
 equal to the ZeRO paper's formula; communication volume counted; FSDP2 equal too; a data x
 tensor DeviceMesh equal to one process; bad configurations refused before launch."""
@@ -11,7 +11,7 @@ from labutils import sharding as sh
 
 from .checkers import assert_check, checker_cases
 
-pytestmark = pytest.mark.lab06c
+pytestmark = pytest.mark.lab06c1
 
 SIZES = (32, 64, 64, 8)  # every weight and bias divides by 2 and 4: no padding, exact formula
 
@@ -106,6 +106,7 @@ def test_zero_with_padding_still_equals_data_parallel():
 
 
 @pytest.mark.slow
+@pytest.mark.lab06c2
 def test_fsdp2_equals_data_parallel_and_measured_memory_falls_with_stage():
     big = dict(sizes=(64,) + (128,) * 6 + (8,), batch=16, steps=2, measure_memory=True)
     dp = lu.zero_training.run_training("dp", 2, **big)
@@ -126,6 +127,7 @@ def test_fsdp2_equals_data_parallel_and_measured_memory_falls_with_stage():
 
 
 @pytest.mark.slow
+@pytest.mark.lab06c2
 def test_checkpointing_and_autocast_train_like_the_plain_step():
     kw = dict(sizes=(16,) + (32,) * 4 + (8,), batch=8, steps=2)
     dp = lu.zero_training.run_training("dp", 2, **kw)
@@ -173,12 +175,52 @@ def _stub(rank, world_size, flat, grad, shard, optimizer):
     raise NotImplementedError
 
 
+def _in_place(rank, world_size, flat, grad, shard, optimizer):
+    # NCCL's in-place layouts (and gloo's): right, so the checker accepts them
+    mine = grad.chunk(world_size)[rank]
+    dist.reduce_scatter_single(mine, grad)
+    shard.grad = mine / world_size
+    optimizer.step()
+    dist.all_gather_single(flat, shard.detach())
+
+
+def _overlapping(rank, world_size, flat, grad, shard, optimizer):
+    g = torch.empty_like(shard)
+    dist.reduce_scatter_single(g, grad)
+    shard.grad = g / world_size
+    optimizer.step()
+    dist.all_gather_single(flat, flat[:shard.numel()])  # rank 0's slice, on every rank
+
+
+def _into_the_weights(rank, world_size, flat, grad, shard, optimizer):
+    dist.reduce_scatter_single(shard.data, grad)
+    shard.grad = shard.detach() / world_size
+    optimizer.step()
+    dist.all_gather_single(flat, shard.detach().clone())
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("answer, verdict", checker_cases(sh.zero1_step, {
-    "no_mean": (_no_mean, "rank 0, element [0]: expected"),
-    "no_gather": (_no_gather, "rank 0, element ["),
+    "no_mean": (_no_mean, ("rank 0, element [0]: expected",
+                           "as if the gradient were the sum over the ranks, not the mean")),
+    "no_gather": (_no_gather, ("rank 0, element [", "all-gather every rank's shard into flat")),
     "local_gradient_only": (_local_gradient_only, "rank 0, element [0]: expected"),
+    "overlapping": (_overlapping, "overlap in memory, and not in the one in-place layout"),
+    "into_the_weights": (_into_the_weights, "writes its output into the weights"),
     "stub": (_stub, "not implemented yet"),
-}))
+}, also_right={"in_place": _in_place}))
 def test_zero1_checker_accepts_the_reference_and_rejects_typical_mistakes(answer, verdict):
     assert_check(lu.check_zero1_step, answer, verdict)
+
+
+def test_zero1_diagnosis_names_the_sum_and_the_missing_all_gather_and_nothing_else():
+    from labutils.exercises import lab06c1
+    start, grads = lab06c1._problem(seed=3, numel=9, world_size=2)
+    right = lab06c1._one_process(start, grads, divide=2)
+    summed = lab06c1._one_process(start, grads, divide=1)
+    assert "not the mean" in lab06c1.diagnose([summed, summed], start, grads)
+    # each rank: its own slice updated, the other slice as it started
+    halves = [torch.cat([right[:5], start[5:]]), torch.cat([start[:5], right[5:]])]
+    assert "never reached the other ranks" in lab06c1.diagnose(halves, start, grads)
+    assert lab06c1.diagnose([right, right], start, grads) is None
+    assert lab06c1.diagnose([start, start], start, grads) is None

@@ -2,7 +2,9 @@
 (MLP, attention, a layer of both) equal to its single-process block (outputs and all gradients)
 on 2 and 4 real ranks, bytes and all-reduces counted equal to the formula, PyTorch's
 parallelize_module equal too, bad splits refused before launch; the timing experiment's shape
-(no timed assertions); the f and g checker against typical mistakes."""
+(no timed assertions); TP's bytes against DP's, both counted at the dispatcher (the layer's
+crossover at 3H + 2.25 tokens found by counting); the f and g and the crossover checkers against
+typical mistakes."""
 import pytest
 import torch
 import torch.distributed as dist
@@ -98,6 +100,38 @@ def test_parallel_layer_equals_single_process_with_four_all_reduces():
     formula = tp.comm_bytes_formula(2, 4, 16, 2)
     assert res["forward_bytes"] == 2 * formula["forward"]
     assert res["param_shapes"]["attn.qkv.weight"] == (24, 16)
+    n_params = sum(p.numel() for p in tp.TransformerLayer(16, 4).parameters())
+    assert res["dp_bytes"] == 4 * n_params == 4 * (12 * 16 * 16 + 9 * 16)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("block", ["mlp", "attention", "layer"])
+def test_dp_bytes_are_the_gradients_whatever_the_batch(block):
+    ref = {"mlp": tp.MLP(16), "attention": tp.SelfAttention(16, 4),
+           "layer": tp.TransformerLayer(16, 4)}[block]
+    n_params = sum(p.numel() for p in ref.parameters())
+    for batch in (2, 8):
+        res = lu.tp_equivalence.run_block_check(block, 2, batch=batch, seq=4, hidden=16)
+        assert res["dp_bytes"] == 4 * n_params
+
+
+@pytest.mark.slow
+def test_dp_bytes_are_none_when_the_batch_does_not_divide():
+    res = lu.tp_equivalence.run_block_check("mlp", 2, batch=3, seq=4, hidden=16)
+    assert res["dp_bytes"] is None and res["forward_bytes"] == 3 * 4 * 16 * 4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("hidden", [16, 32])
+def test_a_layers_tp_bytes_pass_dp_bytes_at_the_checkers_crossover(hidden):
+    # counted on both sides of the reference answer 3H + 2.25 (seq 2: whole, even batches)
+    cross = lab06b.crossover_tokens(hidden, 2)
+    assert cross == 3 * hidden + 2.25
+    for tokens in (int(cross) - 2, int(cross) + 2):     # 48 and 52 at H = 16
+        res = lu.tp_equivalence.run_block_check("layer", 2, batch=tokens // 2, seq=2,
+                                                hidden=hidden, num_heads=4)
+        tp_bytes = res["forward_bytes"] + res["backward_bytes"]
+        assert (tp_bytes > res["dp_bytes"]) == (tokens > cross)
 
 
 def test_reference_shards_find_the_slice_under_a_prefix():
@@ -170,6 +204,10 @@ def test_timing_returns_stats_of_each_variant_and_counts_the_all_reduces():
     assert res["tp_equal"] and res["dp_equal"]
     assert res["calls"]["TP"] == (2, 2) and res["calls"]["1 rank"] == (0, 0)
     assert res["calls"]["DP"][0] == 0 and res["calls"]["DP"][1] >= 2   # one per bucket
+    one = tp.comm_bytes_formula(4, 8, 32, 2)["forward"]              # B·T·H·4
+    assert res["bytes"]["TP"] == (2 * one, 2 * one)                  # g, g; f, f
+    n_params = sum(p.numel() for p in tp.TransformerLayer(32, 4).parameters())
+    assert res["bytes"]["DP"] == (0, 4 * n_params) and res["bytes"]["1 rank"] == (0, 0)
     assert len(res["steps"]["TP"]) == len(res["steps"]["DP"]) == 5
     tp_spans, dp_spans = res["spans"]["TP"], res["spans"]["DP"]
     assert sorted(s.label for s in tp_spans if s.name == "allreduce" and s.rank == 0) == \
@@ -189,14 +227,26 @@ def test_timing_returns_stats_of_each_variant_and_counts_the_all_reduces():
 def test_run_reports_equality_only_when_every_rank_agrees(monkeypatch):
     stats = {v: Stats.of([1.0]) for v in lu.tp_timing.VARIANTS}
     calls = {"1 rank": (0, 0), "TP": (2, 2), "DP": (0, 3)}
-    steps = [{"stats": stats, "calls": calls, "tp_equal": ok, "dp_equal": True, "threads": 1}
-             for ok in (True, False)]                 # rank 1's TP slices differ
+    nbytes = {"1 rank": (0, 0), "TP": (8, 8), "DP": (0, 24)}
+    steps = [{"stats": stats, "calls": calls, "bytes": nbytes, "tp_equal": ok, "dp_equal": True,
+              "threads": 1} for ok in (True, False)]  # rank 1's TP slices differ
     monkeypatch.setattr(lu.tp_timing, "launch",
                         lambda fn, *a, **k: steps if fn is lu.tp_timing.step_worker
                         else [{"TP": [[]] * 3, "DP": [[]] * 3}] * 2)
     res = lu.tp_timing.run(world_size=2, hidden=32, num_heads=4, batch=4, seq=8,
                            timeline_steps=3)
     assert res["tp_equal"] is False and res["dp_equal"] is True
+
+
+def test_run_refuses_ranks_that_handed_different_bytes(monkeypatch):
+    stats = {v: Stats.of([1.0]) for v in lu.tp_timing.VARIANTS}
+    calls = {"1 rank": (0, 0), "TP": (2, 2), "DP": (0, 3)}
+    steps = [{"stats": stats, "calls": calls, "bytes": {"1 rank": (0, 0), "TP": (8, 8),
+                                                         "DP": (0, n)},
+              "tp_equal": True, "dp_equal": True, "threads": 1} for n in (24, 28)]
+    monkeypatch.setattr(lu.tp_timing, "launch", lambda fn, *a, **k: steps)
+    with pytest.raises(AssertionError, match="ranks issued different all-reduces"):
+        lu.tp_timing.run(world_size=2, hidden=32, num_heads=4, batch=4, seq=8)
 
 
 # ---- exercise checker ---------------------------------------------------------------------
@@ -283,3 +333,45 @@ def test_checker_accepts_the_reference_and_rejects_typical_mistakes(answer, verd
 def test_checker_refuses_something_that_is_not_an_autograd_function():
     with pytest.raises(TypeError, match="two torch.autograd.Function classes"):
         lu.check_f_and_g(lambda x: x, lambda x: x)
+
+
+# ---- the crossover checker (no processes) -------------------------------------------------
+
+def _ring_one_side(h, p):
+    return lab06b.crossover_tokens(h, p) * 2 * (p - 1) / p
+
+
+@pytest.mark.parametrize("answer, verdict", checker_cases(lab06b.crossover_tokens, {
+    "forward_only": (lambda h, p: (12 * h * h + 9 * h) / (2 * h), "twice the crossover"),
+    "eight_all_reduces": (lambda h, p: (12 * h * h + 9 * h) / (8 * h), "half the crossover"),
+    "bytes_vs_elements": (lambda h, p: (12 * h * h + 9 * h) / (4 * h * 4),
+                          ("a quarter of the crossover", "bytes and the other in elements")),
+    "elements_vs_bytes": (lambda h, p: (12 * h * h + 9 * h) * 4 / (4 * h),
+                          "4 times the crossover"),
+    "ring_factor_on_one_side": (_ring_one_side, ("changes with the tensor-parallel size",
+                                                 "2(p-1)/p")),
+    "divides_by_p": (lambda h, p: (12 * h * h + 9 * h) / (4 * h) / p,
+                     "changes with the tensor-parallel size"),
+    "mlp_only": (lambda h, p: 4 * h + 2.5, "the MLP block's crossover"),
+    "attention_only": (lambda h, p: 2 * h + 2, "the attention block's crossover"),
+    "no_biases": (lambda h, p: 3 * h, "leaves out the biases"),
+    "rounded_up": (lambda h, p: float(int(3 * h + 2.25) + 1), "a whole number next to"),
+    "something_else": (lambda h, p: 5 * h, ("expected 770.25, got 1280", "their quotient")),
+    "not_a_number": (lambda h, p: "770", "expected a number of tokens, got str"),
+    "stub": (lambda h, p: None, "not implemented yet"),
+}, passes="4 cases passed", also_right={"integer_arithmetic": lambda h, p: (12 * h + 9) / 4}))
+def test_crossover_checker_accepts_the_answer_and_names_typical_mistakes(answer, verdict):
+    result = assert_check(lu.check_crossover_tokens, answer, verdict)
+    assert result.passed or result.message.rstrip().endswith((".", "FILL ME IN"))  # whole sentences
+
+
+def test_crossover_reference_is_the_counted_bytes_quotient():
+    h = 256   # 06b's timed shape: 4 all-reduces of B·T·H·4 bytes against the gradients' bytes
+    n_params = sum(p.numel() for p in tp.TransformerLayer(h, 8).parameters())
+    per_token = 4 * tp.comm_bytes_formula(1, 1, h, 2)["forward"]
+    assert lab06b.crossover_tokens(h, 2) == 4 * n_params / per_token == 770.25
+
+
+def test_crossover_checker_refuses_a_result_instead_of_a_function():
+    with pytest.raises(TypeError, match="needs your function itself"):
+        lu.check_crossover_tokens(770.25)

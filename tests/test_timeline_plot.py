@@ -18,7 +18,7 @@ from labutils import pipeline as pl  # noqa: E402
 from labutils.core.timeline import Span  # noqa: E402
 from labutils.viz.timeline_plot import plot_timeline  # noqa: E402
 
-pytestmark = pytest.mark.lab06a
+pytestmark = pytest.mark.lab06a1
 
 
 @pytest.fixture(autouse=True)
@@ -130,7 +130,7 @@ def test_pipeline_timeline_is_readable(p, m, tmp_path):
 
 
 def test_labels_follow_the_layout_of_notebook_subplots():
-    """06a draws two schedules in shared-x subplots, then tight_layout: decided at draw time."""
+    """06a1 draws two schedules in shared-x subplots, then tight_layout: decided at draw time."""
     fig, axes = plt.subplots(2, 1, figsize=(11, 5), sharex=True)
     runs = [one_f_one_b_spans(4, m) for m in (4, 8)]
     for ax, spans in zip(axes, runs):

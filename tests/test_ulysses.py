@@ -1,4 +1,4 @@
-"""DeepSpeed-Ulysses (labutils.parallel.ulysses, lab 06d): attention on sequence shards with
+"""DeepSpeed-Ulysses (labutils.parallel.ulysses, lab 06d2): attention on sequence shards with
 all-to-alls equal to one process (outputs and every gradient) at N = 2, 3, 4; the all-to-alls
 counted (4 forward, 4 backward, bytes equal to the formula); the hand-written all-to-all equal
 to PyTorch's differentiable one; a head count N does not divide refused before launch."""
@@ -11,7 +11,7 @@ import labutils as lu
 from labutils import ulysses
 from labutils import ulysses_equivalence as ue
 
-pytestmark = pytest.mark.lab06d
+pytestmark = pytest.mark.lab06d2
 
 
 def test_heads_not_divisible_is_refused_before_any_process_starts(monkeypatch):

@@ -1,4 +1,4 @@
-"""Zero3Module (labutils.parallel.zero3, lab 06c): ZeRO stage 3 on module hooks. The course's
+"""Zero3Module (labutils.parallel.zero3, lab 06c2): ZeRO stage 3 on module hooks. The course's
 CharGPT with its head tied to the token embedding, AdamW with weight decay on the fp32 master
 shards: on 2 and 3 real ranks (3: padding) every step of several trains like one process over
 the whole batch (float64, within the bound of the reordered sum; at 3 with gradient clipping:
@@ -20,7 +20,7 @@ from labutils.experiments.zero_components import STEPS, adamw, gpt_problem
 from labutils.parallel.zero3 import Zero3Module
 from labutils.parallel.zero_optimizer import all_gather_into, clip_grad_norm_
 
-pytestmark = pytest.mark.lab06c
+pytestmark = pytest.mark.lab06c2
 
 
 EVERY_UNIT = {Block, nn.Embedding, nn.Linear}

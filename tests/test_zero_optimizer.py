@@ -1,4 +1,4 @@
-"""ZeroOptimizer (labutils.parallel.zero_optimizer, lab 06c): ZeRO stages 1 and 2 as a
+"""ZeroOptimizer (labutils.parallel.zero_optimizer, lab 06c1): ZeRO stages 1 and 2 as a
 torch.optim.Optimizer. On 2 and 3 real ranks (no parameter size divides by either: padding
 everywhere) with a tied embedding/head, AdamW with weight decay and SGD with momentum under an
 lr scheduler train like the unsharded optimizer on one process over the whole batch (also with
@@ -20,7 +20,7 @@ import labutils as lu
 from labutils.core.commcount import count_collectives
 from labutils.parallel.zero_optimizer import ZeroOptimizer, flat_padded, padded
 
-pytestmark = pytest.mark.lab06c
+pytestmark = pytest.mark.lab06c1
 
 BATCH, STEPS = 12, 4
 OPTIMIZERS = {"adamw": (torch.optim.AdamW, dict(lr=1e-2, weight_decay=0.1)),

@@ -1,4 +1,4 @@
-"""Lab 06c's experiment (labutils.experiments.zero_training): the measured peak of every ZeRO
+"""Labs 06c1 and 06c2's experiment (labutils.experiments.zero_training): the measured peak of every ZeRO
 stage minus the activation baseline within 5% of the paper's formula on a model whose states
 dominate; padding at a world size that divides no weight; collectives' buffers counted until
 they die, on gloo's thread too (peaks that do not creep); the interleaved walk-through's shape
@@ -12,7 +12,7 @@ import labutils as lu
 from labutils import zero_training as zt
 from labutils.core.memory import live_peak
 
-pytestmark = pytest.mark.lab06c
+pytestmark = pytest.mark.lab06c1
 
 PADDED_SIZES = (32, 64, 64, 8)  # 32 x 64 = 2,048 and 64 x 64 = 4,096: not multiples of 3
 
@@ -74,15 +74,18 @@ def _peaks(rank, world_size, calls):
 @pytest.mark.slow
 def test_measured_peak_of_collectives_does_not_creep_with_their_number():
     # one call of each: the full tensor (256 KiB) and the shard (128 KiB), nothing else that
-    # an op made (gloo's own buffers are allocated inside the call, by no op). gloo's thread
-    # may still hold a pair for a moment after the call returns; it is counted until then,
-    # and then freed: 20 calls in a row never hold more than one extra pair.
+    # an op made (gloo's own buffers are allocated inside the call, by no op). gloo runs the
+    # collectives on its worker threads (2, ProcessGroupGloo's default), and each may still
+    # hold the last call it ran, with its tensors, for a moment after the call returns; they
+    # are counted until then, and then freed: 20 calls in a row never hold more than 2 extra
+    # pairs (seen: 2 extra all-reduce inputs at once on a loaded machine).
+    assert dist.ProcessGroupGloo._Options()._threads == 2
     one = lu.launch(_peaks, 1, world_size=2)
     many = lu.launch(_peaks, 20, world_size=2)
     pair = 2 ** 18 * 3 // 2
     for peaks, peaks20 in zip(one, many):
         assert peaks == [pair] * 3
-        assert all(pair <= p <= 2 * pair for p in peaks20), peaks20
+        assert all(pair <= p <= 3 * pair for p in peaks20), peaks20
 
 
 @pytest.mark.slow
@@ -98,21 +101,40 @@ def test_measured_peak_minus_baseline_matches_the_zero_formula_within_5_percent(
             assert abs(rest) <= 0.05 * row["formula"], (kind, rest / row["formula"])
 
 
+def test_walkthrough_rows_must_change_one_setting_each(monkeypatch):
+    monkeypatch.setattr(zt, "launch", lambda *a, **k: pytest.fail("launched"))
+    rows = [("dp", "dp", {}), ("+ checkpoint", "dp", {"checkpoint": True}),
+            ("FSDP2, no checkpoint", "fsdp", {"autocast": True})]
+    assert zt.changes(rows[0], rows[1]) == ["checkpoint"]
+    assert zt.changes(rows[1], rows[2]) == ["sharding", "checkpoint", "autocast"]
+    zt.validate_walk(rows[:2])
+    with pytest.raises(ValueError, match=r"'FSDP2, no checkpoint' changes 3 settings"):
+        zt.run_walkthrough(rows)
+    with pytest.raises(ValueError, match="changes 0 settings"):
+        zt.validate_walk([rows[0], ("again", "dp", {})])
+    with pytest.raises(ValueError, match="kind one of"):
+        zt.validate_walk([("x", "zero4", {})])
+
+
 @pytest.mark.slow
+@pytest.mark.lab06c2
 def test_walkthrough_interleaves_every_variant_and_measures_each_peak():
-    variants = [("dp", "dp", {}), ("zero2 + checkpoint", "zero2", {"checkpoint": True}),
-                ("zero3 bf16", "zero3", {"autocast": True})]
+    variants = [("dp", "dp", {}), ("+ checkpoint", "dp", {"checkpoint": True}),
+                ("zero3", "zero3", {"checkpoint": True}),
+                ("fsdp", "fsdp", {"checkpoint": True}),
+                ("fsdp bf16 gathers", "fsdp_bf16", {"checkpoint": True})]
     walk = zt.run_walkthrough(variants, world_size=2, sizes=(16,) + (32,) * 4 + (8,), batch=64,
                               repeats=5)
     assert list(walk) == [label for label, _, _ in variants]
     for row in walk.values():
         assert row["time"].n == 5 and row["time"].min > 0
         assert row["peak"] > 0
-    c = lu.timing.compare(walk["zero3 bf16"]["time"], walk["dp"]["time"])
+    c = lu.timing.compare(walk["fsdp bf16 gathers"]["time"], walk["dp"]["time"])
     assert c.paired  # round i of every variant ran side by side
 
 
 @pytest.mark.slow
+@pytest.mark.lab06c2
 def test_general_components_on_a_tied_gpt_equal_one_process_and_fsdp2():
     comp = lu.zero_components.run_components(world_size=2)
     assert "head.weight" not in comp["one process"]["params"]  # tied: named once, as tok_emb

@@ -1,15 +1,15 @@
-"""Benchmark ``zero``: per-rank memory of each ZeRO stage against the paper's formula (06c)."""
+"""Benchmark ``zero``: per-rank memory of each ZeRO stage against the paper's formula (06c1)."""
 from labutils.bench.suite import Row
 from labutils.experiments.zero_training import memory_vs_formula
 
 
 def run(quick=False):
     """Measured peak minus the activation baseline over the fp32-Adam formula, per stage, on
-    06c's model (64 layers of 256 x 256, Ψ = 4.2 M): 1.0 = the formula exactly. The peak is
+    06c1's model (64 layers of 256 x 256, Ψ = 4.2 M): 1.0 = the formula exactly. The peak is
     ``core.memory.LiveBytes``' (storages ops made, alive at once), so gloo's internal buffers
-    are not in it; 06c asserts within 5% on 2 ranks (0.997-1.008 measured, 1 layer weight or
+    are not in it; 06c1 asserts within 5% on 2 ranks (0.997-1.008 measured, 1 layer weight or
     less above the formula). At 4 ranks a few layer-sized transients can pass 5% of ZeRO-3's
-    16Ψ/N (06c explains); one run per world size, the worst rank."""
+    16Ψ/N (06c1 explains); one run per world size, the worst rank."""
     rows = []
     for world_size in (2,) if quick else (2, 4):
         mem = memory_vs_formula(world_size=world_size, width=256, depth=64, batch=8)

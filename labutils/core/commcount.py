@@ -8,10 +8,11 @@ tracker fails on a model whose forward skips a branch): ``dist.all_reduce`` (blo
 compares, PyTorch's included, and the lesson code carries no counter of its own.
 
 Each call is recorded as a ``Call``: its op, the payload bytes it was handed, the group's size,
-the peer of a point-to-point message, and two clocks: ``launched`` (when this thread issued it)
-and ``completed`` (when its ``Work`` finished, read on the communication thread by a callback on
-the work's future). ``completed - launched`` therefore includes any queueing behind earlier
-calls and the wait for the peer; ``experiments/`` splits those apart where a lab needs it.
+the peer of a point-to-point message, for an all-to-all the bytes per peer from its split sizes
+(``off_rank_bytes``: those for other ranks), and two clocks: ``launched`` (when this thread
+issued it) and ``completed`` (when its ``Work`` finished, read on the communication thread by a
+callback on the work's future). ``completed - launched`` therefore includes any queueing behind
+earlier calls and the wait for the peer; ``experiments/`` splits those apart where a lab needs it.
 Counting adds Python work to every op: count in an untimed step unless the clocks are the point.
 
     with count_collectives() as counted:
@@ -49,10 +50,20 @@ class Call:
     completed: float | None = None   # perf_counter when its Work finished; None when not
     # seen: the block ended first, or the Work has no future (gloo's send and recv)
     group: str = ""        # the process group's name, to tell calls on different groups apart
+    # all-to-all only (else None): this rank's place in the group, and the bytes it hands for
+    # each destination / receives from each source, from the call's split sizes
+    group_rank: int | None = None
+    send_split_bytes: list | None = None
+    recv_split_bytes: list | None = None
 
     @property
     def is_p2p(self):
         return self.op in ("send", "recv_", "recv_any_source_")
+
+    @property
+    def off_rank_bytes(self):
+        """Bytes an all-to-all hands for OTHER ranks (its own block stays in memory)."""
+        return sum(b for r, b in enumerate(self.send_split_bytes) if r != self.group_rank)
 
 
 class Counted:
@@ -111,8 +122,17 @@ def _group(args):
                 pg = torch._C._distributed_c10d.ProcessGroup.unbox(a)
             except RuntimeError:        # another ScriptObject (a ReduceOp, a Work)
                 continue
-            return pg.size(), pg.group_name
-    return 0, ""
+            return pg.size(), pg.group_name, pg.rank()
+    return 0, "", None
+
+
+def _split_bytes(tensor, splits, group_size):
+    """Bytes per peer of one side of ``alltoall_base_``: rows by ``splits`` (equal when empty)."""
+    rows = tensor.shape[0] if tensor.dim() else tensor.numel()
+    row_bytes = tensor.numel() * tensor.element_size() // rows if rows else 0
+    if not splits:
+        splits = [rows // group_size] * group_size if group_size else []
+    return [int(n) * row_bytes for n in splits]
 
 
 def _works(out):
@@ -136,9 +156,17 @@ class _CountCollectives(TorchDispatchMode):
         nbytes = 0 if where is None else sum(
             t.numel() * t.element_size() for t in _tensors(args[where]))
         peer_at = _PEER_ARG.get(op)
-        size, name = _group(args)
+        size, name, group_rank = _group(args)
         call = Call(op, nbytes, size, args[peer_at] if peer_at is not None else None,
                     time.perf_counter(), group=name)
+        if op == "alltoall_base_":      # (output, input, group, output splits, input splits)
+            call.group_rank = group_rank
+            call.send_split_bytes = _split_bytes(args[1], args[4], size)
+            call.recv_split_bytes = _split_bytes(args[0], args[3], size)
+        elif op == "alltoall_":         # (outputs, inputs, group): one tensor per peer
+            call.group_rank = group_rank
+            call.send_split_bytes = [t.numel() * t.element_size() for t in args[1]]
+            call.recv_split_bytes = [t.numel() * t.element_size() for t in args[0]]
         self.calls.append(call)
         out = func(*args, **(kwargs or {}))
         for w in _works(out):

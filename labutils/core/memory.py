@@ -1,7 +1,7 @@
 """Memory of a training step: the formula, and a measured peak to check it against (on CPU).
 
 Used by ``03e2_hardware_constraints`` (hardware constraints), ``05_model_parallel_principles`` (the memory
-wall) and ``06c_sharding_and_memory`` (ZeRO/FSDP per-rank memory).
+wall) and ``06c1_zero_stages``, ``06c2_fsdp_and_memory`` (ZeRO/FSDP per-rank memory).
 
 The formula (Rajbhandari et al., "ZeRO", SC 2020, section 3): a step with ``P`` parameters keeps
 
@@ -31,16 +31,16 @@ op makes is remembered (weakly, so remembering it keeps nothing alive), and afte
 bytes of those still alive are added up; the peak is the largest sum. It counts what tensors
 hold, not an op's internal scratch, so the figure is the same on every CPU and thread count,
 and a storage counts until it dies, on whichever thread drops it last (gloo's, for a
-collective's buffers): nothing is missed. 06c measures ZeRO with it.
+collective's buffers): nothing is missed. 06c1 and 06c2 measure ZeRO and FSDP2 with it.
 
-``measure_peak(fn)`` (03e2, 05, 06a) measures it from the allocator: CPU tensors have no
+``measure_peak(fn)`` (03e2, 05, 06a2) measures it from the allocator: CPU tensors have no
 ``torch.cuda.max_memory_allocated``, but the CPU allocator reports every allocation and free to
 the profiler when ``profile_memory=True``. Replaying those events in order gives live tensor
 bytes over time, and their maximum is the peak. It counts every tensor byte (including an op's
 scratch buffers) and nothing else (no Python objects, no allocator slack), and an op allocates
 the same sizes for the same shapes, so for one model, input and thread count the figure repeats
 run to run. It is not the same on every machine: some kernels' scratch buffers depend on the CPU
-and the thread count (06c shows one), so compare it with the formula within a margin.
+and the thread count (06c1 shows one), so compare it with the formula within a margin.
 
 API (bytes everywhere)::
 

@@ -1,6 +1,6 @@
 """Per-rank timelines: record spans of work in each rank (drawn by ``labutils.viz.timeline_plot``).
 
-Used by 04c (compute vs communication), 05 (idle ranks in naive model parallelism) and 06a
+Used by 04c (compute vs communication), 05 (idle ranks in naive model parallelism) and 06a1
 (pipeline bubbles). ``time.perf_counter`` is a system-wide monotonic clock on Linux, macOS and
 Windows, so spans recorded in different processes on one machine line up.
 """

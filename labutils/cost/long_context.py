@@ -1,7 +1,7 @@
 """Cost terms of long sequences and mixtures of experts: Megatron sequence parallelism, ring
 attention, DeepSpeed-Ulysses and expert parallelism, as bytes each rank sends and as alpha-beta
-times (``costmodel``'s collectives). Lab 06d prints them beside the bytes its ranks count; the
-planner adds them to a step (07).
+times (``costmodel``'s collectives). Labs 06d1-06d3 print them beside the bytes their ranks
+count; the planner adds them to a step (07).
 
 Every function is per transformer layer and per micro-batch on one rank. Bytes are what one rank
 *sends* (so they compare across techniques); ``phase`` is "forward", "backward" or "both";

@@ -44,13 +44,16 @@ def layer_activation_bytes(model, layout, mode, bytes_per_value=2):
     b, h, a = layout.micro_batch, model.hidden, model.num_heads
     if mode == "full":
         return bytes_per_value * s_local * b * h / (t if sp else 1)
-    outside = 10 * s_local * b * h / (t if sp else 1)
+    # 10sbh: two LayerNorm inputs (4), the QKV and MLP inputs (4), two dropout masks (2)
+    drop = getattr(model, "dropout", True)
+    outside = (10 if drop else 8) * s_local * b * h / (t if sp else 1)
     mlp = (6 if model.gated_mlp else 4) * model.ffn
     if model.num_experts > 1:
         mlp *= model.top_k
     inside = (4 * h + 4 * model.kv_hidden + mlp) * s_local * b / t
     flash = getattr(layout, "flash_attention", False)
-    scores = 5 * a * s_local * s * b / t if mode == "none" and not flash else 0
+    # softmax output (2 bytes), and with dropout its mask (1) and output (2)
+    scores = (5 if drop else 2) * a * s_local * s * b / t if mode == "none" and not flash else 0
     return outside + inside + scores
 
 
@@ -58,7 +61,7 @@ def memory_per_stage(model, layout, mode, stages, m, bytes_per_value=2):
     """Bytes on each pipeline rank: model states (ZeRO over dp x context_parallel; experts'
     over that group / expert_parallel; bf16 weights, ``layout.grad_bytes`` per gradient, 12
     bytes of fp32 master weights and Adam moments) plus the activations of the micro-batches
-    it holds."""
+    it holds. A model without dropout (``model.dropout=False``) stores none of its masks."""
     L = layout
     sp = L.sequence_parallel and L.tp > 1
     s_local, b, h = model.seq_len // L.context_parallel, L.micro_batch, model.hidden
@@ -75,7 +78,7 @@ def memory_per_stage(model, layout, mode, stages, m, bytes_per_value=2):
                                                  stage_expert_params(model, layout, stages))):
         in_flight = min(L.pp - i, m) * interleave       # 1F1B: rank i holds p - i micro-batches
         acts = n * per_layer * in_flight + working
-        if i == 0:   # the embedding's dropout mask, for each micro-batch in flight
+        if i == 0 and getattr(model, "dropout", True):   # the embedding's dropout mask
             acts += s_local * b * h / (L.tp if sp else 1) * in_flight
         if i == L.pp - 1:   # fp32 logits for the loss, vocabulary split over TP ranks
             acts += 4 * s_local * b * model.vocab / L.tp

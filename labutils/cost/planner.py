@@ -9,7 +9,8 @@ bandwidth) plus the communication on its critical path (tensor-parallel
 all-reduces, or with sequence parallelism the reduce-scatters and all-gathers that move the
 same bytes; pipeline messages; the part of ring attention's K/V transfer that outlasts the
 attention it hides behind, or Ulysses' all-to-alls; expert parallelism's all-to-alls; all from
-``labutils.cost.long_context``). The 1F1B schedule runs m such slots plus (p-1)/v of fill and drain,
+``labutils.cost.long_context``; with ``Layout.tp_overlap`` the backward's input-gradient
+collectives of QKV and the MLP's first linear hide behind their weight gradients). The 1F1B schedule runs m such slots plus (p-1)/v of fill and drain,
 so the bubble share is (p-1)/(v m + p - 1); then the data-parallel gradient traffic that
 backward does not hide is added (ZeRO-2/3 per micro-batch; with ZeRO 0/1 the one all-reduce can
 hide only behind the last micro-batch's backward). The matmuls run at
@@ -76,9 +77,13 @@ def _check_layout(model, layout, batch_size):
     if len(stages) != L.pp or sum(stages) != model.num_layers or min(stages) < 1:
         raise ValueError(f"stage_layers={stages} must give pp={L.pp} positive layer counts "
                          f"summing to num_layers={model.num_layers}")
-    if L.virtual_stages > 1 and (L.pp == 1 or min(stages) < L.virtual_stages):
+    # a chunk holds at least one layer, except the first stage's first chunk and the last
+    # stage's last, which may hold only the embedding or the output layer (Llama 3, Sec. 3.3.2)
+    inner = stages[1:-1] or (L.virtual_stages,)
+    if L.virtual_stages > 1 and (L.pp == 1 or min(inner) < L.virtual_stages
+                                 or min(stages[0], stages[-1]) < L.virtual_stages - 1):
         raise ValueError(f"virtual_stages={L.virtual_stages} needs pp > 1 and at least that "
-                         f"many layers on each stage {stages}")
+                         f"many layers on each stage {stages} (one fewer on the first and last)")
     if model.seq_len % L.context_parallel:
         raise ValueError(f"context_parallel={L.context_parallel} must divide "
                          f"seq_len={model.seq_len}")
@@ -190,9 +195,13 @@ def predict(model, layout, batch_size, hardware, efficiency=None, recompute=True
     # the memory-bound work between the matmuls (LayerNorm, softmax, GeLU, dropout, residual
     # adds): each activation byte a layer stores is written and read in the forward pass, read
     # with its gradient coming in and going out in backward: about 5 bytes of HBM traffic
-    # (an estimate from that count, not a fit); a full recomputation repeats the forward's 2
-    traffic = (5 + (2 if mode == "full" else 0)) * layer_activation_bytes(model, layout, "none")
-    elementwise = traffic / hw.hbm_bandwidth
+    # (an estimate from that count, not a fit). A recomputation repeats the forward's 2 bytes
+    # of each byte it recomputes: all of them ("full"), or the attention scores that
+    # "selective" drops (their softmax and dropout)
+    stored = layer_activation_bytes(model, layout, "none")
+    redone = {"none": 0.0, "full": stored,
+              "selective": stored - layer_activation_bytes(model, layout, "selective")}[mode]
+    elementwise = (5 * stored + 2 * redone) / hw.hbm_bandwidth
     layer += elementwise
     act = 2 * tokens * model.hidden                          # bf16 activations, bytes
     link, full = _link(hw, tp), mode == "full"
@@ -203,6 +212,14 @@ def predict(model, layout, batch_size, hardware, efficiency=None, recompute=True
                                             recompute=full)
     else:
         tp_comm = (6 if full else 4) * cm.allreduce_time(act, tp, link.alpha, link.beta)
+    tp_hidden = 0.0
+    if tp > 1 and L.tp_overlap:   # backward: QKV's and the MLP's first input gradients travel
+        # (all-reduce, or reduce-scatter with SP) while their weight gradients are computed
+        one = (cm.reduce_scatter_time(act, tp, link.alpha, link.beta) if L.sequence_parallel
+               else cm.allreduce_time(act, tp, link.alpha, link.beta))
+        width, mlp = model.hidden, model.ffn * (2 if model.gated_mlp else 1) * model.top_k
+        wgrad = [2 * tokens * width * w / tp / speed for w in (width + 2 * model.kv_hidden, mlp)]
+        tp_hidden = sum(min(one, w) for w in wgrad)
     cp_comm = cp_exposed = 0.0
     link = _link(hw, tp * cp)
     if cp > 1 and L.context_algorithm == "ring":   # hidden behind each block's attention
@@ -220,7 +237,7 @@ def predict(model, layout, batch_size, hardware, efficiency=None, recompute=True
         ep_comm = lc.expert_all_to_all_time(tokens / tp, model.hidden, L.expert_parallel,
                                             link.alpha, link.beta, model.top_k,
                                             model.capacity_factor, recompute=full)
-    per_layer = tp_comm + cp_exposed + ep_comm              # on the critical path
+    per_layer = tp_comm - tp_hidden + cp_exposed + ep_comm   # on the critical path
     work = [n * layer + (logits if i == pp - 1 else 0.0) for i, n in enumerate(stages)]
     slow = max(range(pp), key=lambda i: work[i] + stages[i] * per_layer)
     link = _link(hw, tp * cp * pp)
@@ -246,7 +263,7 @@ def predict(model, layout, batch_size, hardware, efficiency=None, recompute=True
                        + dp_comm, m * slot_comm + dp_exposed, bubble)
     terms = {"compute": m * (work[slow] - stages[slow] * elementwise),
              "memory-bound ops": m * stages[slow] * elementwise, "bubble": bubble,
-             "tensor parallel": m * stages[slow] * tp_comm,
+             "tensor parallel": m * stages[slow] * (tp_comm - tp_hidden),
              "context parallel": m * stages[slow] * cp_exposed,
              "expert parallel": m * stages[slow] * ep_comm,
              "pipeline messages": m * pp_comm, "data parallel": dp_exposed}

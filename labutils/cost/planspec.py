@@ -44,6 +44,7 @@ class Transformer:
     an MLP with biases (``gated_mlp``: gate, up and down projections, as SwiGLU); a final
     LayerNorm; logits through the embedding (``tied_embeddings``) or their own matrix.
     ``ffn_hidden`` defaults to 4 x hidden, ``num_kv_heads`` to ``num_heads`` (no GQA).
+    ``dropout=False``: a model without dropout (Llama), whose layers store no dropout masks.
     ``num_experts > 1`` makes every MLP a mixture of experts (GShard/Switch/Mixtral): that many
     MLPs and a bias-free router (h x E); each token runs ``top_k`` of them, and an expert takes
     at most ``capacity_factor`` x its even share of the tokens (the all-to-alls carry that
@@ -60,6 +61,7 @@ class Transformer:
     num_experts: int = 1
     top_k: int = 1
     capacity_factor: float = 1.0
+    dropout: bool = True      # False: no dropout layers (Llama), so no dropout masks stored
 
     @property
     def ffn(self):
@@ -190,7 +192,7 @@ def usable_memory(hardware):
 # before any prediction (Llama 3 405B on 8,192 GPUs), the other two the A100's.
 A100_EFFICIENCY, A100_HALF_WIDTH = 0.6204, 0.0
 V100_EFFICIENCY = 0.3548
-H100_EFFICIENCY = 0.6538
+H100_EFFICIENCY = 0.5484
 HARDWARE = {hw.name: hw for hw in (
     Hardware("A100-80GB", 312e12, 80e9, 8, cm.LINKS["NVLink"], cm.LINKS["200Gb-IB"],
              A100_EFFICIENCY, 2.039e12, A100_HALF_WIDTH),
@@ -233,7 +235,10 @@ class Layout:
     gradient kept for the optimizer: 2 (the default: fp16 gradients, the ZeRO paper's 16
     bytes/param) or 4 (Megatron's fp32 main gradients: with the bf16 weights, fp32 master
     weights and Adam's two moments 18 bytes/param, or 6 + 12/d with zero=1, its distributed
-    optimizer; the published runs and ``planner.search`` use 4)."""
+    optimizer; the published runs and ``planner.search`` use 4). ``tp_overlap``: the backward's
+    tensor-parallel collective after each column-parallel linear (QKV, the MLP's first) runs
+    during that linear's weight-gradient GEMM (Megatron-LM's asynchronous TP all-reduce, or
+    with sequence parallelism its reduce-scatter; Megatron-LM since 2022)."""
     dp: int = 1
     tp: int = 1
     pp: int = 1
@@ -247,6 +252,7 @@ class Layout:
     expert_parallel: int = 1
     flash_attention: bool = False
     grad_bytes: int = 2
+    tp_overlap: bool = False
 
     @property
     def cp(self):

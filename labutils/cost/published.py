@@ -1,9 +1,9 @@
 """Published training runs, and how far the planner's predictions are from them.
 
 Every row comes from a paper's table (``data/published/*.csv``, each with its citation and
-uncertainty). The planner has three fitted constants, the default ``efficiency`` of A100, V100
-and (by assumption, not by fit) H100 in ``labutils.cost.planspec.HARDWARE``; ``FITS`` says which one
-row each was fitted to, and ``fitted_efficiency`` re-derives it. Every other row is held out:
+uncertainty). The planner's fitted constants are in ``labutils.cost.planspec.HARDWARE``:
+``FITS`` says which rows each was fitted to (the A100's to Narayanan et al.'s ten, the H100's
+and the V100's to one row each), and ``fitted_efficiency`` re-derives them. Every other row is held out:
 ``validate`` reports the planner's error on them beside a baseline that predicts the fitted
 row's per-GPU throughput for every row of the same GPU.
 """
@@ -132,7 +132,8 @@ def fitted_efficiency(hardware):
         r = h100_fit_row()
         return pl.calibrate(r["model"], r["layout"], r["batch_size"], hardware,
                             r["published"] * pl.HARDWARE[hardware].peak_flops,
-                            convention=r["metric"], recompute=r["recompute"])
+                            convention=r["metric"], recompute=r["recompute"],
+                            dp_overlap=r["dp_overlap"])
     if hardware == "V100-DGX-2H":
         base = shoeybi2019()[0]
         return pl.calibrate(base["model"], pl.Layout(), 8, hardware, 39e12,
@@ -193,8 +194,11 @@ def _flag(r, key, default):
 
 # Rules for what a source does not print (data/published/README.md; fixed before predicting)
 PRE_SEQUENCE_PARALLEL = ("smith2022", "bigscience2022", "korthikanti2022_abstract")
-ZERO = {"bigscience2022": 1, "dubey2024": 1}      # stated: BLOOM's ZeRO-1, Llama 3's FSDP
+ZERO = {"bigscience2022": 1, "dubey2024": 2}      # stated: BLOOM's ZeRO-1, Llama 3's FSDP
 LLAMA3_STAGES = (7,) + (8,) * 14 + (7,)          # one layer fewer on the first and last stage
+LLAMA3_CHUNKS = 8        # one layer per model chunk (Sec. 3.3.2: see ``_llama3``)
+# Megatron-LM from 2022 sends the backward's TP collectives during the weight gradients
+TP_OVERLAP = ("korthikanti2022", "jiang2024")
 
 
 def runs_2022_2024():
@@ -225,7 +229,8 @@ def runs_2022_2024():
         layout = pl.Layout(int(r["data_parallel"]), tp, pp, ZERO.get(src.split("_")[0], 0),
                            _field(r, "micro_batch_size", int, 1),
                            _field(r, "virtual_stages", int, 1), sp,
-                           _field(r, "context_parallel", int, 1), grad_bytes=4)
+                           _field(r, "context_parallel", int, 1), grad_bytes=4,
+                           tp_overlap=src.startswith(TP_OVERLAP))
         # what the source reports: MFU (model FLOPs), HFU, or TFLOP/s in its stated convention
         if r["mfu_percent"].strip():
             metric, value = "model", float(r["mfu_percent"]) / 100
@@ -238,22 +243,26 @@ def runs_2022_2024():
         recompute = r["recompute"] or "selective"
         if "llama3" in src:
             layout, recompute = _llama3(layout), "selective"
+            model = dataclasses.replace(model, dropout=False)
         out.append(dict(source=src, name=r["model"], num_gpus=int(r["num_gpus"]), model=model,
                         layout=layout, batch_size=int(r["global_batch_size"]),
                         hardware=_gpu(r["gpu"]), recompute=recompute,
-                        metric=metric, published=value))
+                        metric=metric, published=value,
+                        # FSDP's asynchronous reduce-scatters: stated by Llama 3 only
+                        dp_overlap=1.0 if "llama3" in src else 0.0))
     return out
 
 
 def _llama3(layout):
-    """Llama 3 (Sec. 3.3.2): an interleaved schedule (depth not printed: ``interleave_depth``)
-    with one layer fewer on the first and last stages; FSDP over the data-parallel ranks
-    (encoded as ZeRO-1 with fp32 gradients: its memory an upper bound, since FSDP also shards
-    the gradients); FlashAttention, whose backward recomputes the scores ("without activation
-    checkpointing" stores everything else: the planner's "selective" with flash_attention)."""
+    """Llama 3 (Sec. 3.3.2): an interleaved schedule with one layer fewer on the first and
+    last stages, after which "the first model chunk on the first stage has only the
+    embedding": so each chunk held one layer, 8 chunks per rank (``LLAMA3_CHUNKS``); FSDP
+    that "shards optimizer states and gradients" but keeps the weights whole (ZeRO-2, fp32
+    gradients); FlashAttention, whose backward recomputes the scores ("without activation
+    checkpointing" stores everything else: the planner's "selective" with flash_attention);
+    no dropout (``runs_2022_2024`` sets ``dropout=False`` on the model)."""
     return dataclasses.replace(layout, stage_layers=LLAMA3_STAGES, sequence_parallel=True,
-                               virtual_stages=interleave_depth(LLAMA3_STAGES),
-                               flash_attention=True)
+                               virtual_stages=LLAMA3_CHUNKS, flash_attention=True)
 
 
 def _gpu(name):
@@ -288,7 +297,7 @@ def validate():
     out = []
     for r in runs_2022_2024():
         pred = pl.predict(r["model"], r["layout"], r["batch_size"], r["hardware"],
-                          recompute=r["recompute"])
+                          recompute=r["recompute"], dp_overlap=r["dp_overlap"])
         peak = pl.get_hardware(r["hardware"]).peak_flops
         got = (pred.flops_per_gpu if r["metric"] == "model" else pred.hardware_flops_per_gpu)
         m = r["model"]
@@ -317,9 +326,9 @@ def error_table(rows=None):
     return table
 
 
-def llama3_interleave_range(num_gpus=16384, depths=range(1, 8)):
-    """Llama 3's interleaving depth is not printed: for each plausible v (1 up to the 7 layers
-    of its lighter stages), refit the H100's efficiency to the 8,192-GPU row and predict the
+def llama3_interleave_range(num_gpus=16384, depths=range(1, LLAMA3_CHUNKS + 1)):
+    """Llama 3's interleaving depth is not printed as a number (Sec. 3.3.2's first model chunk
+    implies ``LLAMA3_CHUNKS``): for each v from 1 to it, refit the H100's efficiency to the 8,192-GPU row and predict the
     ``num_gpus`` row. {v: (efficiency, error)}: the prediction's range over the unknown."""
     fit, test = h100_fit_row(), next(r for r in runs_2022_2024() if "llama3" in r["source"]
                                     and r["num_gpus"] == num_gpus)
@@ -328,7 +337,9 @@ def llama3_interleave_range(num_gpus=16384, depths=range(1, 8)):
     for v in depths:
         f, t = (dataclasses.replace(r["layout"], virtual_stages=v) for r in (fit, test))
         eff = pl.calibrate(fit["model"], f, fit["batch_size"], hw, fit["published"] * hw.peak_flops,
-                           convention=fit["metric"], recompute=fit["recompute"])
-        pred = pl.predict(test["model"], t, test["batch_size"], hw, eff, test["recompute"])
+                           convention=fit["metric"], recompute=fit["recompute"],
+                           dp_overlap=fit["dp_overlap"])
+        pred = pl.predict(test["model"], t, test["batch_size"], hw, eff, test["recompute"],
+                          test["dp_overlap"])
         out[v] = (eff, pred.flops_per_gpu / hw.peak_flops / test["published"] - 1)
     return out

@@ -117,7 +117,7 @@ class ClipCNN3d(nn.Module):
 
 def mlp(sizes=(64, 256, 256, 10), seed=None):
     """A plain MLP, ``nn.Sequential`` of Linear layers with ReLU between them (01's FLOP count,
-    03d's gradient-sync model, 04c's emulated-DDP model, 06c's ZeRO model). ``seed``: the same weights everywhere."""
+    03d's gradient-sync model, 04c's emulated-DDP model, 06c1's ZeRO model). ``seed``: the same weights everywhere."""
     if seed is not None:
         torch.manual_seed(seed)
     layers = []

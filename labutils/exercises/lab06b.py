@@ -1,11 +1,21 @@
-"""Exercise checkers of lab 06b: Megatron's f and g operators as autograd Functions. Registered
-in ``labutils.course``; notebooks call them as ``lu.check_<name>``."""
+"""Exercise checkers of lab 06b: Megatron's f and g operators as autograd Functions (on real
+ranks), and the token count at which a layer's tensor-parallel bytes equal its data-parallel
+bytes (no ranks needed). Registered in ``labutils.course``; notebooks call them as
+``lu.check_<name>``."""
+import numbers
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 from labutils.core.i18n import tr
-from labutils.exercises.base import make_cases, run_check
+from labutils.exercises.base import (
+    CheckResult,
+    call_learner,
+    make_cases,
+    require_function,
+    run_check,
+)
 from labutils.parallel.tensor_parallel import MLP, TPLayout, shard
 
 # ---- the reference (lu.show_solution("f_and_g")) -----------------------------------------
@@ -136,3 +146,109 @@ def check_f_and_g(f, g, *, timeout=30.0):
                                "lu.check_f_and_g(MyF, MyG); {name} is {op!r}", name=name, op=op))
     cases = make_cases(world_sizes=(2,), per_world_size=2, seed=6, rows=[3, 5], hidden=[4, 8])
     return run_check("f_and_g", lambda: (f, g), _f_and_g_harness, cases, timeout=timeout)
+
+
+# ---- the crossover of a layer's bytes (lu.show_solution("crossover_tokens")) ----------------
+
+def crossover_tokens(hidden, tp_size):
+    """Tokens B*T per step at which one transformer layer's tensor-parallel all-reduces are
+    handed as many bytes as its data-parallel gradient all-reduce (fp32, MLP width 4H)."""
+    tp_bytes_per_token = 4 * hidden * 4            # g, g forward, f, f backward: H floats each
+    dp_bytes = (12 * hidden ** 2 + 9 * hidden) * 4  # every parameter's gradient, once per step
+    # Both sides are all-reduces of a payload that does not shrink with p: a ring moves
+    # 2(p-1)/p of either per rank, so tp_size cancels.
+    return dp_bytes / tp_bytes_per_token
+
+
+def _crossover_mistakes():
+    """Typical wrong answers as functions of (hidden, expected), each with what is wrong."""
+    return (
+        (lambda h, e: 2 * e,
+         tr("That is twice the crossover: it counts half of tensor parallelism's bytes per "
+            "token. A layer all-reduces its (B*T, H) activation four times per step, g twice in "
+            "forward and f twice in backward; counting only the forward ones (or only one "
+            "block's two, or data parallelism's bytes both ways and tensor parallelism's one "
+            "way) doubles the answer.")),
+        (lambda h, e: e / 2,
+         tr("That is half the crossover: tensor parallelism's bytes per token are counted "
+            "twice over. A layer has four all-reduces per step (two forward, two backward), not "
+            "eight; if you counted a ring's bytes both sent and received, count data "
+            "parallelism's gradient all-reduce the same way.")),
+        (lambda h, e: 4 * e,
+         tr("That is 4 times the crossover: one side is in bytes and the other in elements. "
+            "Count both in fp32 bytes (4 per element), or both in elements.")),
+        (lambda h, e: e / 4,
+         tr("That is a quarter of the crossover: one side is in bytes and the other in "
+            "elements. Count both in fp32 bytes (4 per element), or both in elements.")),
+        (lambda h, e: 4 * h + 2.5,
+         tr("That is the MLP block's crossover (one column and row pair, 8H^2 + 5H "
+            "parameters). A layer is attention and the MLP: add attention's parameters and "
+            "its two all-reduces.")),
+        (lambda h, e: 2 * h + 2,
+         tr("That is the attention block's crossover (4H^2 + 4H parameters). A layer is "
+            "attention and the MLP: add the MLP's parameters and its two all-reduces.")),
+        (lambda h, e: 3 * h,
+         tr("That leaves out the biases: data parallelism all-reduces their gradients too "
+            "(both blocks' linear layers have biases).")),
+    )
+
+
+_CROSSOVER_CASES = ((256, 2), (64, 2), (1000, 2), (16, 2))
+
+
+def check_crossover_tokens(learner_fn):
+    """Check ``learner_fn(hidden, tp_size)``: the tokens B*T per step at which one transformer
+    layer's tensor-parallel all-reduce bytes equal its data-parallel gradient bytes, for several
+    hidden sizes; first, that the answer does not change with ``tp_size`` (no processes)."""
+    require_function("crossover_tokens", learner_fn)
+    seen = {}
+    for p in (2, 4, 8):                      # the answer must not depend on p
+        where = tr("[wrong] {name}: case {number} of {total} ({case})", name="crossover_tokens",
+                   number=1, total=len(_CROSSOVER_CASES), case=f"hidden=256, tp_size={p}")
+        got, failed = call_learner("crossover_tokens", learner_fn, where, 256, p)
+        if failed:
+            return failed
+        if not isinstance(got, numbers.Real) or isinstance(got, bool):
+            return CheckResult(False, tr("{where}: expected a number of tokens, got {type} "
+                                         "{got!r}.", where=where, type=type(got).__name__,
+                                         got=got))
+        seen[p] = float(got)
+    if max(seen.values()) - min(seen.values()) > 1e-9 * max(1.0, abs(seen[2])):
+        return CheckResult(False, tr(
+            "[wrong] crossover_tokens: your answer changes with the tensor-parallel size ({a} at "
+            "tp_size=2, {b} at tp_size=8); it should not. Both sides are all-reduces of a "
+            "payload that does not shrink with p (the whole activation in tensor parallelism, "
+            "the whole gradient in data parallelism), and a ring moves 2(p-1)/p of either per "
+            "rank, so that factor, applied to both sides or to neither, cancels.",
+            a=_number(seen[2]), b=_number(seen[8])), {"hidden": 256})
+    for number, (h, p) in enumerate(_CROSSOVER_CASES, 1):
+        where = tr("[wrong] {name}: case {number} of {total} ({case})", name="crossover_tokens",
+                   number=number, total=len(_CROSSOVER_CASES), case=f"hidden={h}, tp_size={p}")
+        got, failed = call_learner("crossover_tokens", learner_fn, where, h, p)
+        if failed:
+            return failed
+        if not isinstance(got, numbers.Real) or isinstance(got, bool):
+            return CheckResult(False, tr("{where}: expected a number of tokens, got {type} "
+                                         "{got!r}.", where=where, type=type(got).__name__,
+                                         got=got))
+        expected = crossover_tokens(h, p)
+        if abs(got - expected) <= 1e-9 * expected:
+            continue
+        why = next((text for wrong, text in _crossover_mistakes()
+                    if abs(got - wrong(h, expected)) <= 1e-9 * expected), None)
+        if why is None and float(got).is_integer() and abs(got - expected) < 1:
+            why = tr("That is a whole number next to the crossover: return the exact point where "
+                     "the two byte counts are equal; it need not be a whole number of tokens.")
+        if why is None:
+            why = tr("Count, per step, the bytes a layer hands to tensor parallelism's "
+                     "all-reduces for each token, and the bytes of every gradient data "
+                     "parallelism all-reduces; the crossover is their quotient.")
+        return CheckResult(False, tr("{where}: expected {e}, got {g}. {why}", where=where,
+                                     e=_number(expected), g=_number(got), why=why),
+                           {"hidden": h, "tp_size": p})
+    return CheckResult(True, tr("[ok] {name}: {total} cases passed", name="crossover_tokens",
+                                total=len(_CROSSOVER_CASES)))
+
+
+def _number(x):
+    return f"{float(x):.6g}"

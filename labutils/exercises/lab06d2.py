@@ -1,9 +1,6 @@
-"""Exercise checkers of lab 06d: which rank each slot of a mixture-of-experts layer is sent to;
-merging two key blocks' attention with the online softmax (ring attention). Registered in
-``labutils.course``; notebooks call them as ``lu.check_<name>``. Every sentence a student reads
-goes through ``tr`` (its Chinese: ``exercises/locale/zh.po``)."""
-import random
-
+"""Exercise checker of lab 06d2: merging two key blocks' attention with the online softmax (ring
+attention). Registered in ``labutils.course``; notebooks call it as ``lu.check_<name>``. Every
+sentence a student reads goes through ``tr`` (its Chinese: ``exercises/locale/zh.po``)."""
 import torch
 
 from labutils.core.i18n import tr
@@ -11,101 +8,12 @@ from labutils.exercises.base import (
     CheckResult,
     first_difference,
     not_implemented,
-    run_check,
 )
-from labutils.parallel.moe_router import dispatch_indices
 from labutils.parallel.online_softmax import (  # noqa: F401 (the reference)
     block_attention,
     causal_mask,
     merge_attention_blocks,
 )
-
-# ---- dispatch_indices -------------------------------------------------------------------
-
-_DISPATCH_CASES = (   # E/N >= 2 in every case, so per expert and per rank, // and % all differ
-    {"world_size": 2, "num_experts": 4, "tokens": 9, "top_k": 2, "seed": 11},
-    {"world_size": 3, "num_experts": 6, "tokens": 7, "top_k": 2, "seed": 12},
-    {"world_size": 4, "num_experts": 8, "tokens": 10, "top_k": 2, "seed": 13},
-    {"world_size": 2, "num_experts": 8, "tokens": 6, "top_k": 1, "seed": 14},
-    # the last rank's experts get no slot: a bincount without minlength returns N-1 counts
-    {"world_size": 3, "num_experts": 6, "tokens": 5, "top_k": 2, "seed": 15, "empty_rank": 2},
-)
-
-
-def _decisions(seed, rank, tokens, num_experts, top_k, empty_rank=None, world_size=1):
-    """A router's choices for one rank: ``[tokens, top_k]`` distinct experts per token, none of
-    them an expert of ``empty_rank`` when it is given."""
-    rng = random.Random(seed * 101 + rank)
-    per_rank = num_experts // world_size
-    experts = [e for e in range(num_experts) if empty_rank is None or e // per_rank != empty_rank]
-    rows = [rng.sample(experts, top_k) for _ in range(tokens)]
-    return torch.tensor(rows, dtype=torch.long)
-
-
-def _as_long(x):
-    try:
-        t = torch.as_tensor(x)
-    except (TypeError, ValueError, RuntimeError):
-        return None
-    return t.long() if t.dim() == 1 and not t.is_floating_point() else None
-
-
-def _diagnosis(expert, num_experts, world_size, order, counts):
-    """(what, what is wrong) for ``(order, counts)``, or None (then compare the values). Short:
-    a check's message shows at most 60 characters of it."""
-    flat = expert.flatten()
-    slots, per_rank, tokens = flat.numel(), num_experts // world_size, expert.shape[0]
-    if counts is None or order is None:
-        return tr("answer"), tr("order, send_counts: 1-D integer tensors or lists")
-    if len(counts) < world_size:
-        return "send_counts", tr("send_counts has length {n} < N: use minlength=N", n=len(counts))
-    if len(counts) == num_experts and num_experts != world_size:
-        return "send_counts", tr("one per expert ({num_experts}); count per rank ({world_size})",
-                                 num_experts=num_experts, world_size=world_size)
-    if len(order) == tokens < slots or int(counts.sum()) == tokens < slots:
-        return "order", tr("only {tokens} of {slots} slots: flatten the [T, k] choices",
-                           tokens=tokens, slots=slots)
-    if len(counts) == world_size and counts.tolist() == torch.bincount(
-            flat % world_size, minlength=world_size).tolist() != torch.bincount(
-            flat // per_rank, minlength=world_size).tolist():
-        return "send_counts", tr("e % {world_size}: experts are contiguous, owner e // {per_rank}",
-                                 world_size=world_size, per_rank=per_rank)
-    if sorted(order.tolist()) != list(range(slots)):
-        return "order", tr("must list each of the {slots} slots exactly once", slots=slots)
-    got = flat[order]
-    if (got // per_rank).diff().lt(0).any():
-        return "order", tr("not grouped by destination rank (rank 0 first)")
-    if got.diff().lt(0).any():
-        return "order", tr("within a rank, order the slots by expert")
-    if (order.diff()[got.diff() == 0] < 0).any():
-        return "order", tr("within an expert, keep slot order t*k + j (stable sort)")
-    return None
-
-
-def _dispatch_harness(rank, world_size, learner_fn, seed, num_experts, tokens, top_k,
-                      empty_rank=None):
-    expert = _decisions(seed, rank, tokens, num_experts, top_k, empty_rank, world_size)
-    want_order, want_counts = dispatch_indices(expert, num_experts, world_size)
-    answer = learner_fn(expert.clone(), num_experts, world_size)
-    if not (isinstance(answer, (tuple, list)) and len(answer) == 2):
-        return ({tr("answer"): tr("right")},
-                {tr("answer"): tr("{type}, not a pair", type=type(answer).__name__)})
-    order, counts = (_as_long(a) for a in answer)
-    problem = _diagnosis(expert, num_experts, world_size, order, counts)
-    if problem is not None:     # order and send_counts are the answer's names: code, not words
-        return {problem[0]: tr("right")}, {problem[0]: problem[1]}
-    return ({"order": want_order, "send_counts": want_counts},
-            {"order": order, "send_counts": counts})
-
-
-def check_dispatch_indices(learner_fn, *, timeout=30.0):
-    """Check ``learner_fn(expert, num_experts, world_size) -> (order, send_counts)`` on real
-    ranks: each rank gets its own router decisions (``expert``, ``[T, k]``) and N is the launch's
-    world size. The order the reference accepts: slots ``t*k + j`` sorted by expert, ties in slot
-    order (stable), which groups them by destination rank; ``send_counts[r]``: slots for rank r."""
-    return run_check("dispatch_indices", learner_fn, _dispatch_harness,
-                     [dict(case) for case in _DISPATCH_CASES], timeout=timeout, atol=0, rtol=0)
-
 
 # ---- merge_attention_blocks (ring attention) ---------------------------------------------
 # The reference is labutils.parallel.online_softmax.merge_attention_blocks (imported above).

@@ -1,4 +1,4 @@
-"""The 2-D layout's run (06c): validate the mesh, train on it on real ranks
+"""The 2-D layout's run (formerly in 06c; for the planned composed-parallelism lab): validate the mesh, train on it on real ranks
 (``parallel.mesh_2d``), and assert every rank equal to single-process training."""
 import torch
 

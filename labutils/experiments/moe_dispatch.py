@@ -1,16 +1,11 @@
-"""Expert parallelism run and measured (lab 06d): a mixture-of-experts layer on real ranks against
+"""Expert parallelism run and counted (lab 06d3): a mixture-of-experts layer on real ranks against
 its single-process reference (outputs, aux loss and every gradient), the all-to-all's bytes
-counted at PyTorch's dispatcher (``core.commcount``), dropped slots counted per capacity factor,
-and the forward's phases (route, dispatch, experts, combine) recorded as per-rank spans from
-outside the layer (``trace_phases``) and timed with spread.
+counted at PyTorch's dispatcher (``core.commcount``), and dropped slots counted per capacity
+factor.
 
 The routing counts printed by the lab reproduce on other CPUs only because no top-k decision is
-near a tie: ``assert_decision_gap`` asserts it for every seeded run here (the checked, counted
-and timed runs alike)."""
+near a tie: ``assert_decision_gap`` asserts it for every seeded run here."""
 from __future__ import annotations
-
-import contextlib
-import time
 
 import torch
 import torch.distributed as dist
@@ -18,9 +13,6 @@ import torch.distributed as dist
 from labutils.core.commcount import count_collectives
 from labutils.core.i18n import tr
 from labutils.core.launcher import launch
-from labutils.core.timeline import Span
-from labutils.core.timing import Stats, compare, slowest
-from labutils.parallel import moe
 from labutils.parallel.moe import ExpertParallelMoE, MoE, validate_expert_parallel
 from labutils.parallel.moe_router import decision_gap
 
@@ -29,7 +21,6 @@ AUX_WEIGHT = 0.01   # Switch Transformer's alpha for the load-balancing loss
 # to 1.7e-6, the router probabilities by up to 1.2e-7 (measured); a top-k decision whose
 # probabilities are further apart than this limit (~40x that) falls the same way there
 MIN_DECISION_GAP = 5e-6
-PHASES = ("route", "dispatch", "experts", "combine")
 
 
 def build(world_size, hidden=16, num_experts=4, top_k=2, capacity_factor=1.25, tokens=32,
@@ -72,22 +63,27 @@ def expert_parallel_step(rank, world_size, **config):
     # the all-to-alls in the order the layer issues them: forward the counts, dispatch,
     # combine; backward the reverse of combine, then of dispatch
     calls = forward.of("alltoall") + backward.of("alltoall")
-    handed = dict(zip(("counts", "dispatch", "combine", "combine backward", "dispatch backward"),
-                      (c.nbytes for c in calls)))
-    home = int((owner == rank).sum()) * x[0].numel() * x.element_size()   # rows kept at home
+    phases = ("counts", "dispatch", "combine", "combine backward", "dispatch backward")
+    handed = dict(zip(phases, (c.nbytes for c in calls)))
+    # bytes to OTHER ranks, from the split sizes each call was handed at the dispatcher (its own
+    # block stays in memory); nothing here reads the layer's routing
+    off_rank = dict(zip(phases, (c.off_rank_bytes for c in calls)))
+    # a token whose kept slots both go to the same remote rank is sent once per slot
+    remote = routing.keep & (routing.expert // per_rank != rank)
+    same_rank = (routing.expert[:, :1] // per_rank == routing.expert // per_rank).all(dim=1)
     return {"output": y.detach(), "aux_loss": aux_mean / world_size, "input_grad": x.grad,
             "router_grad": layer.router.weight.grad,
             "expert_grads": {f"{layer.first + i}.{n}": p.grad
                              for i, e in enumerate(layer.experts)
                              for n, p in e.named_parameters()},
-            # bytes to OTHER ranks: what each call was handed less the rows this rank sends
-            # itself (every data phase moves the kept slots' rows; the count exchange is apart)
             "handed": handed,
-            "bytes": {ph: n - home for ph, n in handed.items() if ph != "counts"},
+            "bytes": {ph: n for ph, n in off_rank.items() if ph != "counts"},
             "collectives": dict((forward.by_op + backward.by_op)),
             "slots_per_expert": routing.slots_per_expert(layer.num_experts),
             "dropped": routing.dropped, "slots": routing.expert.numel(),
-            "off_rank_slots": int((owner != rank).sum())}
+            "off_rank_slots": int((owner != rank).sum()),
+            "tokens_sent_twice": int((remote.all(dim=1) & same_rank).sum())
+            if routing.expert.shape[1] == 2 else 0}
 
 
 def reference_step(world_size, **config):
@@ -138,7 +134,8 @@ def run_expert_parallel_check(world_size=2, **config):
     # when they do, as in every other section
     results = launch(expert_parallel_step, world_size=world_size, **config)
     max_diff = assert_matches_reference(results, **config)
-    keys = ("bytes", "handed", "collectives", "dropped", "slots", "off_rank_slots")
+    keys = ("bytes", "handed", "collectives", "dropped", "slots", "off_rank_slots",
+            "tokens_sent_twice")
     return {"max_abs_diff": max_diff, "decision_gap": gap,
             "tokens_per_expert": sum(r["slots_per_expert"] for r in results).tolist(),
             "per_rank": [{k: r[k] for k in keys} for r in results]}
@@ -156,79 +153,3 @@ def dropped_fractions(capacity_factors, world_size=2, **config):
             routings = [ref.route(x) for x in shards]
             counts[cf] = (sum(r.dropped for r in routings), sum(r.expert.numel() for r in routings))
     return counts
-
-
-@contextlib.contextmanager
-def trace_phases(rank):
-    """Spans of the forward's phases from outside the layer: the module's ``all_to_all`` and
-    ``run_local_experts`` are wrapped with timed versions for the block. A forward run as
-    ``with trace_phases(rank) as tr: tr.forward(layer, x)`` adds route (start to dispatch),
-    dispatch, experts and combine (its all-to-all to the forward's end) to ``tr.spans``."""
-    real_a2a, real_experts = moe.all_to_all, moe.run_local_experts
-    marks = []                                     # (what, start, end), in order
-
-    def timed(name, fn):
-        def wrapper(*args):
-            t0 = time.perf_counter()
-            out = fn(*args)
-            marks.append((name, t0, time.perf_counter()))
-            return out
-        return wrapper
-
-    class Phases:
-        def __init__(self):
-            self.spans = []
-
-        def forward(self, layer, x):
-            marks.clear()
-            t0 = time.perf_counter()
-            out = layer(x)
-            end = time.perf_counter()
-            (_, d0, d1), (_, e0, e1), (_, c0, _) = marks   # dispatch, experts, combine
-            n = len(self.spans) // len(PHASES)
-            for name, a, b in (("route", t0, d0), ("dispatch", d0, d1), ("experts", e0, e1),
-                               ("combine", c0, end)):
-                self.spans.append(Span(rank, name, a, b, meta={"repeat": n}))
-            return out
-
-    moe.all_to_all = timed("all-to-all", real_a2a)
-    moe.run_local_experts = timed("experts", real_experts)
-    try:
-        yield Phases()
-    finally:
-        moe.all_to_all, moe.run_local_experts = real_a2a, real_experts
-
-
-def time_phases(rank, world_size, repeats=7, **config):
-    """Worker: ``repeats`` forwards of the layer (one warm-up first), each phase's span recorded
-    from outside (``trace_phases``); ranks start each forward together (a barrier)."""
-    ref, shards, _ = build(world_size, **config)
-    layer = ExpertParallelMoE(ref, rank, world_size)
-    with torch.no_grad():
-        dist.barrier()
-        layer(shards[rank])                                           # warm-up, not recorded
-        with trace_phases(rank) as phases:
-            for _ in range(repeats):
-                dist.barrier()
-                phases.forward(layer, shards[rank])
-    return phases.spans
-
-
-def run_timing(world_size=2, repeats=7, **config):
-    """Measured forward phases on real ranks: ``{"spans": every rank's spans (``meta["repeat"]``
-    0, 1, ...), "stats": phase -> Stats (seconds), "all-to-all": Stats of dispatch + combine,
-    "comparison": all-to-all against experts, paired by forward (``timing.compare``)}``; each
-    sample is the slowest rank's. Warns when ranks outnumber cores (times then include waiting for a core)."""
-    validate_expert_parallel(config.get("num_experts", 4), world_size)
-    assert_decision_gap(*build(world_size, **config)[:2])    # the timed routing reproduces too
-    spans = launch(time_phases, world_size=world_size, repeats=repeats, **config)
-
-    def per_rank(names):      # one list of per-repeat seconds for each rank
-        return [[sum(s.duration for s in rank_spans if s.name in names and s.meta["repeat"] == i)
-                 for i in range(repeats)] for rank_spans in spans]
-
-    rounds = f"moe_dispatch.run_timing {time.time_ns()}"    # one forward = one paired round
-    stats = {p: Stats.of(slowest(per_rank((p,))), rounds) for p in PHASES}
-    a2a, experts = slowest(per_rank(("dispatch", "combine"))), slowest(per_rank(("experts",)))
-    return {"spans": [s for rank_spans in spans for s in rank_spans], "stats": stats,
-            "all-to-all": Stats.of(a2a, rounds), "comparison": compare(a2a, experts, paired=True)}

@@ -1,4 +1,4 @@
-"""The pipeline bubble (06a), counted and measured.
+"""The pipeline bubble (06a1, 06a2), counted and measured.
 
 Counted: ``ideal_timeline`` plays each rank's ordered operations (ours, or PyTorch's own
 ``pipeline_order``) on an ideal machine, where each takes its nominal time and messages are free.
@@ -96,16 +96,20 @@ def _rounds_worker(rank, world_size, model_fn, x, y, variants, microbatch_size, 
     return kept
 
 
-def measure_rounds(model_fn, world_size, variants, microbatch_size=4, repeats=5, timeout=300.0):
+def measure_rounds(model_fn, world_size, variants, microbatch_size=4, repeats=5, timeout=300.0,
+                   warn_oversubscription=True):
     """Time every variant ``(schedule, m, sizes)`` (sizes: layers per stage, or None) of one
     model in ``repeats`` interleaved rounds, in one launch. Returns {variant: [per-rank results
-    of each round]}, each result a dict of ``spans`` (ops) and ``work_spans`` (emulated work)."""
+    of each round]}, each result a dict of ``spans`` (ops) and ``work_spans`` (emulated work).
+    ``warn_oversubscription=False`` when the compute is emulated: sleeping ranks leave the
+    cores free (see ``lu.launch``)."""
     variants = [(s, m, None if sizes is None else tuple(sizes)) for s, m, sizes in variants]
     for schedule, m, sizes in variants:
         validate_config(len(model_fn()), world_size, microbatch_size * m, m, schedule, sizes)
     x, y = _batch(microbatch_size * max(m for _, m, _ in variants))
     per_rank = launch(_rounds_worker, model_fn, x, y, variants, microbatch_size, repeats,
-                      world_size=world_size, timeout=timeout)
+                      world_size=world_size, timeout=timeout,
+                      warn_oversubscription=warn_oversubscription)
     return {v: [[per_rank[rank][v][k] for rank in range(world_size)] for k in range(repeats)]
             for v in variants}
 
@@ -155,7 +159,8 @@ def measure_bubbles(stages=(2, 4), microbatches=(4, 8), schedules=("gpipe", "1f1
     for p in stages:
         model_fn = emulated_model(p, stage_forward_ms, microbatch_size)
         variants = [(s, m, None) for m in microbatches for s in schedules]
-        timed = measure_rounds(model_fn, p, variants, microbatch_size, repeats, timeout)
+        timed = measure_rounds(model_fn, p, variants, microbatch_size, repeats, timeout,
+                               warn_oversubscription=False)      # emulated: ranks sleep
         slot_s = 3 * stage_forward_ms / 1e3
         for (schedule, m, _), runs in timed.items():
             gaps = [g for run in runs for g in op_gaps(run)]
@@ -175,32 +180,39 @@ def measure_bubbles(stages=(2, 4), microbatches=(4, 8), schedules=("gpipe", "1f1
 COSTS = {"F": 1, "B": 2, "I": 1, "W": 1}   # forward 1; backward 2, or input 1 + weight 1
 
 
-def ideal_timeline(actions_by_rank, costs=COSTS, stage_weights=None):
+def _needs(action, n_stages, actions):
+    """The actions ``action`` waits for: F after F of the stage before; B or I after this
+    stage's F and the B or I of the stage after; W after I."""
+    kind, s, i = action
+    if kind == "F":
+        return [("F", s - 1, i)] if s else []
+    if kind == "W":
+        return [("I", s, i)]
+    later = [] if s == n_stages - 1 else [next((k, s + 1, i) for k in "BI"
+                                               if (k, s + 1, i) in actions)]
+    return [("F", s, i)] + later
+
+
+def ideal_timeline(actions_by_rank, costs=COSTS, stage_weights=None, overhead=0.0):
     """Run the ranks' ordered actions ``(kind, stage, microbatch)`` on an ideal machine: each
-    starts when its rank is free and its inputs exist (F after F of the stage before; B or I
-    after this stage's F and the B or I of the stage after; W after I), and takes
-    ``costs[kind]`` times ``stage_weights[stage]`` (1 if not given). Returns
-    {action: (rank, start, end)}; raises ValueError if the order deadlocks."""
+    starts when its rank is free and its inputs exist (``_needs``), and takes ``costs[kind]``
+    times ``stage_weights[stage]`` (1 if not given), plus ``overhead`` (a measured wait per
+    action, idle time: 0 on the ideal machine). Returns {action: (rank, start, end)}; raises
+    ValueError if the order deadlocks."""
     n_stages = 1 + max(a[1] for acts in actions_by_rank for a in acts)
     done, free, nxt = {}, [0] * len(actions_by_rank), [0] * len(actions_by_rank)
-
-    def needs(kind, s, i):
-        if kind == "F":
-            return [("F", s - 1, i)] if s else []
-        if kind == "W":
-            return [("I", s, i)]
-        later = [] if s == n_stages - 1 else [next((k, s + 1, i) for k in "BI"
-                                                   if (k, s + 1, i) in kinds)]
-        return [("F", s, i)] + later
-
     kinds = {a for acts in actions_by_rank for a in acts}
+
+    def needs(*action):
+        return _needs(action, n_stages, kinds)
+
     while any(n < len(acts) for n, acts in zip(nxt, actions_by_rank)):
         progressed = False
         for r, acts in enumerate(actions_by_rank):
             if nxt[r] < len(acts) and all(d in done for d in needs(*acts[nxt[r]])):
                 a = acts[nxt[r]]
                 start = max([free[r]] + [done[d][2] for d in needs(*a)])
-                end = start + costs[a[0]] * (stage_weights[a[1]] if stage_weights else 1)
+                end = start + costs[a[0]] * (stage_weights[a[1]] if stage_weights else 1) + overhead
                 done[a] = (r, start, end)
                 free[r], nxt[r], progressed = end, nxt[r] + 1, True
         if not progressed:
@@ -218,12 +230,56 @@ def ideal_makespan(actions_by_rank, costs=COSTS, stage_weights=None):
                                                      stage_weights).values())
 
 
-def ideal_bubble(actions_by_rank, costs=COSTS, stage_weights=None):
-    """Idle share of ``ideal_timeline``: 1 - busy / (ranks x makespan)."""
-    timeline = ideal_timeline(actions_by_rank, costs, stage_weights)
-    makespan = max(end for _, _, end in timeline.values())
-    busy = sum(end - start for _, start, end in timeline.values())
-    return 1 - busy / (len(actions_by_rank) * makespan)
+def ideal_bubble(actions_by_rank, costs=COSTS, stage_weights=None, overhead=0.0):
+    """Idle share of ``ideal_timeline``: 1 - busy / (ranks x window). ``overhead`` per action
+    counts as idle and precedes the action's work (as its gap does); the window runs from the
+    first work's start to the last work's end, the window ``measured_bubble`` reads from
+    ``work_spans``, so the first action's wait falls outside it."""
+    timeline = ideal_timeline(actions_by_rank, costs, stage_weights, overhead)
+    window = (max(end for _, _, end in timeline.values())
+              - min(start for _, start, _ in timeline.values()) - overhead)
+    busy = sum(end - start - overhead for _, start, end in timeline.values())
+    return 1 - busy / (len(actions_by_rank) * window)
+
+
+# ---- inside PyTorch's schedules: the actions' own spans -----------------------------------
+
+def action_order(action_spans_by_rank):
+    """Each rank's actions ``(kind, stage, microbatch)`` in the order they ran (from
+    ``stage_observers.action_spans``): the order to play on the ideal machine."""
+    return [[(s.name, *_label(s)) for s in sorted(spans, key=lambda s: s.start)]
+            for spans in action_spans_by_rank]
+
+
+def _label(span):
+    stage, microbatch = span.label.strip("()").split(",")
+    return int(stage), int(microbatch)
+
+
+def action_overheads(action_spans_by_rank, work_spans_by_rank):
+    """Seconds each action of one step lost to what the ideal machine leaves out, measured on
+    its rank: ``gaps``, from when it could start (its rank free and the actions it needs
+    (``_needs``) done, on any rank) to the start of its call (waits for messages, the
+    schedule's own Python); ``inside``, its call minus the emulated work (sleeps) within it
+    (the stage's bookkeeping and its real arithmetic). Returns {"gaps": [...], "inside": [...]}."""
+    order = action_order(action_spans_by_rank)
+    n_stages = 1 + max(a[1] for acts in order for a in acts)
+    every = {a for acts in order for a in acts}
+    ends = {a: s.end for acts, spans in zip(order, action_spans_by_rank)
+            for a, s in zip(acts, sorted(spans, key=lambda s: s.start))}
+    gaps, inside = [], []
+    for acts, spans, work in zip(order, action_spans_by_rank, work_spans_by_rank):
+        previous_end = None
+        for a, span in zip(acts, sorted(spans, key=lambda s: s.start)):
+            ready = [ends[d] for d in _needs(a, n_stages, every)]
+            ready += [] if previous_end is None else [previous_end]
+            if ready:
+                gaps.append(max(0.0, span.start - max(ready)))
+            slept = sum(w.end - w.start for w in work
+                        if span.start <= w.start and w.end <= span.end)
+            inside.append(span.end - span.start - slept)
+            previous_end = span.end
+    return {"gaps": gaps, "inside": inside}
 
 
 def stage_per_rank(schedule, n_stages, n_microbatches):

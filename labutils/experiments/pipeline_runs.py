@@ -1,4 +1,4 @@
-"""Running the pipelines of 06a on real ranks, observed from outside.
+"""Running the pipelines of 06a1 and 06a2 on real ranks, observed from outside.
 
 ``run_pipeline`` launches ``parallel.pipeline.pipeline_worker`` as it is: the numbers to check
 against one process. ``observe_pipeline`` runs the same executor (``run_schedule``) with the
@@ -14,11 +14,12 @@ import contextlib
 import torch
 import torch.distributed as dist
 
+from labutils.core.commcount import count_collectives
 from labutils.core.launcher import launch
 from labutils.core.memory import measure_peak
 from labutils.core.rank import progress
 from labutils.core.timeline import Timeline
-from labutils.experiments.stage_observers import SavedBytes, stage_spans, work_spans
+from labutils.experiments.stage_observers import SavedBytes, action_spans, stage_spans, work_spans
 from labutils.parallel.model_parallel import StageLayout, boundary_shapes, split_model
 from labutils.parallel.pipeline import (
     pipeline_worker,
@@ -130,6 +131,17 @@ def measure_activation_memory(model_fn, x, y, world_size=4, schedules=("gpipe", 
 
 # ---- PyTorch's schedules ----------------------------------------------------------------------
 
+# the step whose messages are counted (``count_collectives`` at the dispatcher): after step 0,
+# whose first calls also exchange the stages' shapes; counting adds Python work to every
+# message, so a timing leaves this step out
+COUNTED_STEP = 1
+
+
+def _pipeline_stages(pipe):
+    """The ``PipelineStage`` objects a schedule drives (its attributes: one stage, or several)."""
+    return list(pipe._stages) if hasattr(pipe, "_stages") else [pipe._stage]
+
+
 def torch_pipeline_worker(rank, world_size, model_fn, x, y, schedules=("gpipe", "1f1b"),
                           n_microbatches=4, steps=1, lr=0.05):
     """PyTorch's ``PipelineStage`` and schedules on our stages, ``steps`` SGD steps each.
@@ -139,13 +151,16 @@ def torch_pipeline_worker(rank, world_size, model_fn, x, y, schedules=("gpipe", 
     ``torch.distributed.pipelining`` costs every new rank seconds. Returns {schedule: dict} with
     ``losses`` (on the rank holding the last stage), ``grads`` after the first step, ``params``
     after the last, the ``order`` of its actions on every rank, and per step the
-    ``work_spans`` (emulated work) and ``peak_saved_bytes`` (``SavedBytes``: activations held
-    for backward, most at any one time on this rank).
+    ``work_spans`` (emulated work), ``action_spans`` (each action of the schedule:
+    ``stage_observers.action_spans``) and ``peak_saved_bytes`` (``SavedBytes``: activations held
+    for backward, most at any one time on this rank), and with ``steps`` > ``COUNTED_STEP``
+    the ``sends`` of that step: (peer, bytes) of every message this rank sent.
     """
     built = {s: build_schedule(s, rank, world_size, model_fn, n_microbatches) for s in schedules}
     optimizers = {s: torch.optim.SGD([p for m in mine for p in m.parameters()], lr=lr)
                   for s, (_, mine, _, _) in built.items()}
-    out = {s: {"losses": [], "grads": None, "work_spans": [], "peak_saved_bytes": []}
+    out = {s: {"losses": [], "grads": None, "work_spans": [], "action_spans": [],
+               "peak_saved_bytes": []}
            for s in schedules}
     for step in range(steps):
         progress(step + 1, steps, "steps")
@@ -153,15 +168,21 @@ def torch_pipeline_worker(rank, world_size, model_fn, x, y, schedules=("gpipe", 
             memory, mb_losses = SavedBytes(mine), []
             work_spans(mine, rank)              # drop earlier sleeps
             dist.barrier()                      # every rank starts the step together
-            with memory.saving():
+            counting = count_collectives() if step == COUNTED_STEP else contextlib.nullcontext()
+            actions = Timeline(rank)
+            with memory.saving(), counting as counted, \
+                    action_spans(_pipeline_stages(pipe), actions):
                 pipe.step(x if has_first else None, target=y if has_last else None,
                           losses=mb_losses if has_last else None)
             res = out[schedule]
+            if counted is not None:             # every message this rank sent in that step
+                res["sends"] = [(c.peer, c.nbytes) for c in counted.sends]
             if has_last:
                 res["losses"].append(float(sum(l.detach() for l in mb_losses)) / n_microbatches)
             if res["grads"] is None:
                 res["grads"] = {n: p.grad.clone() for m in mine for n, p in m.named_parameters()}
             res["work_spans"].append(work_spans(mine, rank))
+            res["action_spans"].append(sorted(actions.spans, key=lambda a: a.start))
             res["peak_saved_bytes"].append(memory.peak_bytes)
             optimizers[schedule].step()
             optimizers[schedule].zero_grad()

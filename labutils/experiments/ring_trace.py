@@ -1,4 +1,4 @@
-"""Ring attention observed from outside (06d): what each rank's ring did, in order, without a
+"""Ring attention observed from outside (06d2): what each rank's ring did, in order, without a
 line of recording in ``parallel/ring_attention.py``.
 
 ``trace_ring()`` is a context manager that wraps, for the duration of the block, the three

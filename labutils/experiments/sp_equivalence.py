@@ -1,8 +1,9 @@
-"""Sequence parallelism checked (06d): a pre-LN transformer layer with dropout, split over t
+"""Sequence parallelism checked (06d1): a pre-LN transformer layer with dropout, split over t
 ranks by tensor parallelism alone (06b) and by tensor + sequence parallelism, run on real ranks
 against one process (outputs and every gradient), with every collective call counted per phase
 at PyTorch's dispatcher (``core.commcount``: the buffer each call was handed); the ring model's
-bytes sent per rank derived from those payloads; a training step of each timed."""
+bytes sent per rank derived from those payloads; a training step of each timed, TP+SP also in
+Megatron's (s, b, h) layout (``seq_first``)."""
 from __future__ import annotations
 
 import torch
@@ -45,7 +46,10 @@ def my_shard(tensor, rank, world_size, sequence_parallel):
 # bytes a call hands back, from the bytes it was handed and the group's size t: an all-reduce
 # returns its buffer, an all-gather t shards, a reduce-scatter one shard of t
 _HANDED_BACK = {"allreduce_": lambda n, t: n, "allgather_": lambda n, t: n * t,
-                "reduce_scatter_": lambda n, t: n // t}
+                "reduce_scatter_": lambda n, t: n // t,
+                # the single-tensor calls of the (s, b, h) layout
+                "_allgather_base_": lambda n, t: n * t,
+                "_reduce_scatter_base_": lambda n, t: n // t}
 
 
 def _calls(counted):
@@ -53,23 +57,31 @@ def _calls(counted):
     return [(c.op, c.nbytes, _HANDED_BACK[c.op](c.nbytes, c.group_size)) for c in counted.calls]
 
 
+def _to_layout(t, seq_first):
+    """(B, T, H) -> (T, B, H), contiguous, for the seq_first layout; else unchanged."""
+    return t.transpose(0, 1).contiguous() if seq_first else t
+
+
 def sp_layer(rank, world_size, sequence_parallel=True, batch=2, seq=48, hidden=48, num_heads=12,
-             dropout=0.1, seed=0, regather=False):
-    """Worker: one forward and backward of the split layer (``regather``: Megatron's re-gather); its output, input gradient and
+             dropout=0.1, seed=0, regather=False, seq_first=False):
+    """Worker: one forward and backward of the split layer (``regather``: Megatron's re-gather;
+    ``seq_first``: (s, b, h) activations); its output and input gradient (as (b, s, h)),
     parameter gradients, and the collectives it issued by phase (counted at the dispatcher)."""
     ref, x, dy = reference_and_inputs(batch, seq, hidden, num_heads, dropout, seed)
     layout = TPLayout(rank, world_size)
-    layer = SequenceParallelTransformerLayer(ref, layout, sequence_parallel, regather)
-    x = my_shard(x, rank, world_size, sequence_parallel).clone().requires_grad_()
+    layer = SequenceParallelTransformerLayer(ref, layout, sequence_parallel, regather, seq_first)
+    x = _to_layout(my_shard(x, rank, world_size, sequence_parallel), seq_first).requires_grad_()
+    dy = _to_layout(my_shard(dy, rank, world_size, sequence_parallel), seq_first)
     dispatched = {}
     with count_collectives() as dispatched["forward"]:
         y = layer(x)
     with count_collectives() as dispatched["backward"]:
-        (y * my_shard(dy, rank, world_size, sequence_parallel)).sum().backward()
+        (y * dy).sum().backward()
     with count_collectives() as dispatched["grads"]:
         allreduce_replicated_grads(layer, layout)
     phases = ("forward", "backward", "grads")
-    return {"output": y.detach(), "input_grad": x.grad,
+    back = (lambda t: t.transpose(0, 1)) if seq_first else (lambda t: t)
+    return {"output": back(y.detach()), "input_grad": back(x.grad),
             "grads": {n: p.grad for n, p in layer.named_parameters()},
             "calls": {ph: _calls(dispatched[ph]) for ph in phases}}
 
@@ -104,7 +116,8 @@ def assert_matches_reference(results, sequence_parallel, batch, seq, hidden, num
     return worst
 
 
-def run_sp_check(tp_world_size=2, sequence_parallel=True, regather=False, **sizes):
+def run_sp_check(tp_world_size=2, sequence_parallel=True, regather=False, seq_first=False,
+                 **sizes):
     """Validate, run ``sp_layer`` on ``tp_world_size`` ranks, assert it equals one process.
     Returns the largest difference, rank 0's collectives by phase and the number of parameter
     gradients compared (asserted to be every parameter of the reference)."""
@@ -112,7 +125,8 @@ def run_sp_check(tp_world_size=2, sequence_parallel=True, regather=False, **size
     validate_sp_config(kw["hidden"], kw["num_heads"], kw["seq"], tp_world_size)
     args = (sequence_parallel, kw["batch"], kw["seq"], kw["hidden"], kw["num_heads"],
             kw["dropout"], kw["seed"])
-    results = launch(sp_layer, *args, world_size=tp_world_size, regather=regather)
+    results = launch(sp_layer, *args, world_size=tp_world_size, regather=regather,
+                     seq_first=seq_first, warn_oversubscription=False)   # untimed
     worst = assert_matches_reference(results, *args)
     assert all(r["calls"] == results[0]["calls"] for r in results), "ranks' calls differ"
     return {"max_abs_diff": worst, "calls": results[0]["calls"],
@@ -121,7 +135,8 @@ def run_sp_check(tp_world_size=2, sequence_parallel=True, regather=False, **size
 
 # the dispatcher's op names -> the cost layer's collectives
 _MODEL_OP = {"allreduce_": "allreduce", "reduce_scatter_": "reduce_scatter",
-             "allgather_": "all_gather"}
+             "allgather_": "all_gather", "_reduce_scatter_base_": "reduce_scatter",
+             "_allgather_base_": "all_gather"}
 
 
 def ring_model_bytes(op, given, back, world_size):
@@ -147,19 +162,23 @@ def comm_table(result, world_size):
 
 def time_steps(rank, world_size, repeats=7, batch=2, seq=48, hidden=48, num_heads=12,
                dropout=0.1, seed=0):
-    """Worker: forward + backward (+ the replicated-gradient sum) of TP alone and of TP+SP in
-    float32, interleaved; each sample is the slowest rank's (a step ends when all have)."""
+    """Worker: forward + backward (+ the replicated-gradient sum) of TP alone, of TP+SP and of
+    TP+SP in the (s, b, h) layout, float32, interleaved; each sample is the slowest rank's (a
+    step ends when all have)."""
     ref, x, dy = reference_and_inputs(batch, seq, hidden, num_heads, dropout, seed,
                                       torch.float32)
     steps = {}
-    for sp in (False, True):
-        layer = SequenceParallelTransformerLayer(ref, TPLayout(rank, world_size), sp)
-        xs, dys = (my_shard(t, rank, world_size, sp) for t in (x, dy))
+    for name, sp, seq_first in (("TP", False, False), ("TP+SP", True, False),
+                                ("TP+SP (s, b, h)", True, True)):
+        layer = SequenceParallelTransformerLayer(ref, TPLayout(rank, world_size), sp,
+                                                 seq_first=seq_first)
+        xs, dys = (_to_layout(my_shard(t, rank, world_size, sp), seq_first) for t in (x, dy))
 
         def step(layer=layer, xs=xs, dys=dys):
             (layer(xs) * dys).sum().backward()
             allreduce_replicated_grads(layer, layer.layout)
-        steps["TP+SP" if sp else "TP"] = step
+        steps[name] = step
     stats = interleaved(steps, repeats=repeats)
     return {name: Stats.of(slowest_rank(list(st.values)), st.rounds)   # still paired
             for name, st in stats.items()}
+

@@ -1,5 +1,6 @@
-"""Observing a pipeline stage from outside (05, 06a): its forward and backward spans, the bytes
-autograd saves for its backward, and the sleeps of its emulated compute.
+"""Observing a pipeline stage from outside (05, 06a1, 06a2): its forward and backward spans, the
+bytes autograd saves for its backward, the sleeps of its emulated compute, and the actions that
+PyTorch's pipelining schedules run (``action_spans``).
 
 The executors in ``labutils.parallel`` (``model_parallel``, ``microbatch``, ``pipeline``,
 ``torch_pipeline``) carry no timer and no counter; an experiment attaches these to the stage
@@ -22,7 +23,7 @@ import torch
 from labutils.core.timeline import Timeline
 from labutils.parallel.emulated_stages import Delay
 
-__all__ = ["SavedBytes", "stage_spans", "work_spans"]
+__all__ = ["SavedBytes", "action_spans", "stage_spans", "work_spans"]
 
 
 @contextlib.contextmanager
@@ -60,6 +61,42 @@ def stage_spans(stage, tl, labels=None):
     finally:
         for h in handles:
             h.remove()
+
+
+# PipelineStage's methods that run one action of a torch.distributed.pipelining schedule
+_ACTIONS = {"forward_one_chunk": "F", "backward_one_chunk": "B",
+            "backward_weight_one_chunk": "W"}
+
+
+@contextlib.contextmanager
+def action_spans(pipeline_stages, tl):
+    """Record every action that PyTorch's schedule runs on ``pipeline_stages`` (its
+    ``PipelineStage`` objects) into ``tl``: a span named "F", "B" (full backward), "I" (input
+    gradient only) or "W" (weight gradient), labelled (stage index, micro-batch). A span is the
+    stage's method call, so the schedule's waits for messages lie between spans."""
+    def wrap(stage, method, kind):
+        original = getattr(stage, method)
+
+        def timed(chunk, *args, **kwargs):
+            name = kind
+            if kind == "B" and not kwargs.get("full_backward", args[1] if len(args) > 1 else True):
+                name = "I"
+            start = time.perf_counter()
+            try:
+                return original(chunk, *args, **kwargs)
+            finally:
+                tl.add(name, start, time.perf_counter(), (stage.stage_index, chunk))
+        setattr(stage, method, timed)       # on the instance: the class stays untouched
+
+    for stage in pipeline_stages:
+        for method, kind in _ACTIONS.items():
+            wrap(stage, method, kind)
+    try:
+        yield tl
+    finally:
+        for stage in pipeline_stages:
+            for method in _ACTIONS:
+                delattr(stage, method)      # the class's method shows through again
 
 
 def work_spans(modules, rank):

@@ -1,9 +1,15 @@
 """Tensor parallelism checked (06b): the Megatron MLP and attention blocks, and a transformer
 layer made of both, run on real ranks against one process (outputs and every gradient shard),
-and the same MLP through PyTorch's ``torch.distributed.tensor.parallel``."""
+and the same MLP through PyTorch's ``torch.distributed.tensor.parallel``. Each run also counts,
+at the dispatcher, the bytes the same block's data-parallel step hands to its gradient
+all-reduce (PyTorch's DDP, each rank 1/p of the batch), so TP's bytes are set against DP's
+counted on the same ranks."""
 from __future__ import annotations
 
+import copy
+
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from labutils.core.commcount import count_collectives
 from labutils.core.launcher import launch
@@ -36,11 +42,25 @@ def _forward_backward(model, x, dy):
     return y.detach(), x.grad, {n: p.grad for n, p in model.named_parameters()}
 
 
+def _dp_gradient_bytes(rank, world_size, ref, x, dy):
+    """Bytes this rank hands to all-reduces in one data-parallel backward of ``ref`` (PyTorch's
+    DDP, this rank's 1/p of the batch), counted at the dispatcher; None when the batch does not
+    divide by the ranks."""
+    if len(x) % world_size:
+        return None
+    dp = DistributedDataParallel(copy.deepcopy(ref))   # broadcasts the weights: outside the count
+    mine = slice(rank * len(x) // world_size, (rank + 1) * len(x) // world_size)
+    y = dp(x[mine])
+    with count_collectives() as backward:      # DDP's bucket all-reduces run from backward
+        (y * dy[mine]).sum().backward()
+    return sum(c.nbytes for c in backward.of("allreduce"))
+
+
 def parallel_block(rank, world_size, block="mlp", batch=2, seq=4, hidden=16, num_heads=4,
                    seed=0):
     """Worker: build the tensor-parallel block from the seeded reference, run forward and
     backward, and count at the dispatcher (``core.commcount``) the collectives each phase issued
-    and the bytes handed to them."""
+    and the bytes handed to them; then the same block data-parallel (``dp_bytes``)."""
     ref, x, dy = _reference_and_inputs(block, batch, seq, hidden, num_heads, seed)
     layout = TPLayout(rank, world_size)
     par = {"mlp": ParallelMLP, "attention": ParallelSelfAttention,
@@ -55,7 +75,8 @@ def parallel_block(rank, world_size, block="mlp", batch=2, seq=4, hidden=16, num
             "forward_bytes": sum(c.nbytes for c in forward.calls),
             "forward_calls": forward.total, "forward_ops": dict(forward.by_op),
             "backward_bytes": sum(c.nbytes for c in backward.calls),
-            "backward_calls": backward.total, "backward_ops": dict(backward.by_op)}
+            "backward_calls": backward.total, "backward_ops": dict(backward.by_op),
+            "dp_bytes": _dp_gradient_bytes(rank, world_size, ref, x.detach(), dy)}
 
 
 def assert_matches_reference(results, block, batch=2, seq=4, hidden=16, num_heads=4, seed=0):
@@ -94,7 +115,7 @@ def run_block_check(block="mlp", tp_world_size=2, batch=2, seq=4, hidden=16, num
                      warn_oversubscription=False)
     max_diff = assert_matches_reference(results, *args)
     keys = ("forward_bytes", "forward_calls", "forward_ops", "backward_bytes", "backward_calls",
-            "backward_ops")
+            "backward_ops", "dp_bytes")
     return {"max_abs_diff": max_diff, **{k: results[0][k] for k in keys},
             "param_shapes": {n: tuple(g.shape) for n, g in results[0]["grads"].items()}}
 

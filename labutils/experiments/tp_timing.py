@@ -1,8 +1,9 @@
 """Tensor parallelism timed (06b, ``bench tensor_parallel``): one transformer layer's training
 step (forward and backward) on one rank, tensor-parallel on the ranks and data-parallel on the
-ranks, with the same global batch, interleaved; each variant's all-reduces counted; a few steps
-of TP and of DP recorded as per-rank spans (compute, and every all-reduce from launch to result:
-TP's from the dispatcher, ``core.commcount``, so the layer itself records nothing).
+ranks, with the same global batch, interleaved; each variant's all-reduces and their bytes
+counted; a few steps of TP and of DP recorded as per-rank spans (compute, and every all-reduce
+from launch to result: TP's from the dispatcher, ``core.commcount``, so the layer itself records
+nothing).
 
 * ``step_worker``: the timing, the counts and an equality check of both parallel steps;
 * ``timeline_worker``: the spans, drawn by ``lu.timeline_plot.plot_overlap``;
@@ -58,13 +59,15 @@ def _step(model, x, dy):
 
 
 def _counted_step(model, x, dy):
-    """All-reduces this rank issues in forward and in backward (``core.commcount``)."""
+    """All-reduces this rank issues in forward and in backward, and the bytes handed to them
+    (``core.commcount``): ``((forward, backward) calls, (forward, backward) bytes)``."""
     model.zero_grad(set_to_none=True)
     with count_collectives() as fwd:
         y = model(_input(x))
     with count_collectives() as bwd:
         (y * dy).sum().backward()
-    return fwd.all_reduces, bwd.all_reduces
+    return ((fwd.all_reduces, bwd.all_reduces),
+            tuple(sum(c.nbytes for c in k.of("allreduce")) for k in (fwd, bwd)))
 
 
 def _builds(rank, world_size, hidden, num_heads, batch, seq, bucket_cap_mb, seed):
@@ -106,15 +109,16 @@ def step_worker(rank, world_size, hidden=256, num_heads=8, batch=8, seq=64, repe
     every rank on the whole batch with 1/p of the weights; ``"DP"`` (PyTorch's DDP) every rank on
     1/p of the batch with all the weights. A step ends when its slowest rank does. Returns
     ``{"stats": {variant: Stats (paired round by round)}, "calls": {variant: (forward, backward) all-reduces},
-    "tp_equal", "dp_equal", "threads"}`` (``threads``: this rank's intra-op threads)."""
+    "bytes": {variant: (forward, backward) bytes handed to them}, "tp_equal", "dp_equal",
+    "threads"}`` (``threads``: this rank's intra-op threads)."""
     builds = _builds(rank, world_size, hidden, num_heads, batch, seq, bucket_cap_mb, seed)
     tp_equal, dp_equal = _equal_to_one_rank(rank, world_size, builds)
-    calls = {}
+    calls, nbytes = {}, {}
     for v in ("TP", "DP"):
         for _ in range(2):   # warm-up; DDP rebuilds its buckets in the second forward
             _step(*builds[v])
-        calls[v] = _counted_step(*builds[v])
-    calls["1 rank"] = _counted_step(*builds["1 rank"])
+        calls[v], nbytes[v] = _counted_step(*builds[v])
+    calls["1 rank"], nbytes["1 rank"] = _counted_step(*builds["1 rank"])
     times = {v: [] for v in VARIANTS}
     for i in range(repeats + 1):
         progress(i, repeats, "repeats")          # rank 0 drives a panel's bar
@@ -128,7 +132,8 @@ def step_worker(rank, world_size, hidden=256, num_heads=8, batch=8, seq=64, repe
     rows = slowest_rank([times[v] for v in VARIANTS])   # the max over ranks, per sample
     rounds = f"tp_timing.step_worker {time.time_ns()}"   # one set of rounds: the Stats pair up
     return {"stats": {v: Stats.of(r, rounds) for v, r in zip(VARIANTS, rows)}, "calls": calls,
-            "tp_equal": tp_equal, "dp_equal": dp_equal, "threads": torch.get_num_threads()}
+            "bytes": nbytes, "tp_equal": tp_equal, "dp_equal": dp_equal,
+            "threads": torch.get_num_threads()}
 
 
 def _compute_between(tl, name, start, end, label):
@@ -264,8 +269,9 @@ def run(world_size=2, hidden=256, num_heads=8, batch=8, seq=64, repeats=7, bucke
     res = dict(timed[0])              # stats: already the slowest rank's, on every rank
     for key in ("tp_equal", "dp_equal"):
         res[key] = all(r[key] for r in timed)   # every rank's slices checked, not rank 0's
-    if any(r["calls"] != res["calls"] for r in timed):
-        raise AssertionError(f"ranks issued different all-reduces: {[r['calls'] for r in timed]}")
+    if any(r["calls"] != res["calls"] or r["bytes"] != res["bytes"] for r in timed):
+        raise AssertionError(f"ranks issued different all-reduces: "
+                             f"{[(r['calls'], r['bytes']) for r in timed]}")
     per_rank = launch(timeline_worker, *args, bucket_cap_mb=bucket_cap_mb, seed=seed,
                       steps=timeline_steps, world_size=world_size)
     res["steps"] = {v: [[s for r in per_rank for s in r[v][k]] for k in range(timeline_steps)]

@@ -1,4 +1,4 @@
-"""The general ZeRO components on the course's small GPT (06c): ``zero3.Zero3Module`` wrapping
+"""The general ZeRO components on the course's small GPT (06c2): ``zero3.Zero3Module`` wrapping
 ``CharGPT`` (head tied to the token embedding) checked against PyTorch's FSDP2 and one process,
 and ``zero_optimizer.ZeroOptimizer`` around ``torch.optim.AdamW`` used like any optimizer.
 

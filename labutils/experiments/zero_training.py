@@ -1,4 +1,4 @@
-"""ZeRO stages 1-3 and FSDP2 trained on real ranks (06c): the problem, the runs, the bytes each
+"""ZeRO stages 1-3 and FSDP2 trained on real ranks (06c1, 06c2): the problem, the runs, the bytes each
 rank holds and peaks at, the check that every stage trains like plain data parallelism, and the
 interleaved timing of the optimisation walk-through.
 
@@ -80,14 +80,17 @@ def paper_volume(calls):
     return total
 
 
-KINDS = {"dp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp": "fsdp"}
-FORMULA_STAGE = {"dp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp": 3}
+KINDS = {"dp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp": "fsdp", "fsdp_bf16": "fsdp"}
+FORMULA_STAGE = {"dp": 0, "zero1": 1, "zero2": 2, "zero3": 3, "fsdp": 3, "fsdp_bf16": 3}
 
 
 def make_trainer(kind, model, layout, lr):
-    """The trainer of ``kind`` around ``model``: ``.model``, ``.opt``, ``.step()``."""
+    """The trainer of ``kind`` around ``model``: ``.model``, ``.opt``, ``.step()``.
+    "fsdp_bf16": FSDP2 whose all-gathered weights are bf16 (``MixedPrecisionPolicy``)."""
     if kind == "fsdp":
         return FSDP2(model, layout, lr)
+    if kind == "fsdp_bf16":
+        return FSDP2(model, layout, lr, param_dtype=torch.bfloat16)
     return wrap(KINDS[kind], model, layout, lr)
 
 
@@ -133,7 +136,7 @@ def train_worker(rank, world_size, kind="dp", sizes=(32, 64, 64, 8), batch=16, s
             progress(step + 1, steps, "steps")  # rank 0 drives a panel's bar
             loss = _loss(trainer.model, x, y, checkpoint, autocast)
             loss.backward()
-            if step == steps - 1 and kind != "fsdp":
+            if step == steps - 1 and KINDS[kind] != "fsdp":
                 state.update(held_bytes(trainer))  # after backward, before the update
             trainer.step()
             losses.append(loss.detach())
@@ -153,7 +156,7 @@ def train_worker(rank, world_size, kind="dp", sizes=(32, 64, 64, 8), batch=16, s
 def _weights_before(trainer, kind):
     """Bytes of weights the trainer holds before its first step (what ``live_peak`` does not
     see made): this rank's shards for FSDP2, the flat buffers or parameters otherwise."""
-    if kind == "fsdp":
+    if KINDS[kind] == "fsdp":
         return sum(p.to_local().numel() * 4 for p in trainer.model.parameters())
     return held_bytes(trainer)["weights"]
 
@@ -242,6 +245,35 @@ def assert_same_training(result, reference, what="training"):
 
 # ---- the walk-through: every variant in one launch, steps interleaved -------------------
 
+def settings(variant):
+    """A walk-through row ``(label, kind, flags)`` as the settings it runs with."""
+    _, kind, flags = variant
+    return {"sharding": kind, "checkpoint": bool(flags.get("checkpoint", False)),
+            "autocast": bool(flags.get("autocast", False))}
+
+
+def changes(before, after):
+    """The settings in which walk-through row ``after`` differs from row ``before``."""
+    a, b = settings(before), settings(after)
+    return [name for name in a if a[name] != b[name]]
+
+
+def validate_walk(variants):
+    """Refuse a walk-through whose rows do not each change exactly one setting of the row
+    above: only then do two neighbouring rows measure one change."""
+    for _, kind, flags in variants:
+        if kind not in KINDS or set(flags) - {"checkpoint", "autocast"}:
+            raise ValueError(f"a walk-through row is (label, kind, flags) with kind one of "
+                             f"{', '.join(KINDS)} and flags among checkpoint, autocast; got "
+                             f"{kind!r}, {sorted(flags)}")
+    for before, after in zip(variants, variants[1:]):
+        changed = changes(before, after)
+        if len(changed) != 1:
+            raise ValueError(f"walk-through row {after[0]!r} changes {len(changed)} settings "
+                             f"of the row above ({', '.join(changed) or 'none'}); change "
+                             f"exactly one per row, so that its peak and time compare")
+
+
 def walkthrough_worker(rank, world_size, variants, sizes, batch, repeats=5, lr=1e-2, seed=0):
     """Worker: for each variant (label, kind, flags) build its trainer (outside any clock),
     measure the peak of 2 steps, then time single steps round-robin over the variants,
@@ -279,7 +311,9 @@ def run_walkthrough(variants, world_size=2, sizes=(64,) + (128,) * 6 + (8,), bat
                     repeats=5):
     """``walkthrough_worker`` on real ranks: {label: {"peak": max over ranks, "time": Stats of
     the slowest rank's step per round}}. The Stats of one call are paired round by round (the
-    variants ran in turn), so ``timing.compare`` takes per-round ratios."""
+    variants ran in turn), so ``timing.compare`` takes per-round ratios. Each row must
+    change exactly one setting of the row above (``validate_walk``, before any launch)."""
+    validate_walk(variants)
     per_rank = launch(walkthrough_worker, variants, sizes, batch, repeats,
                       world_size=world_size, warn_oversubscription=False)
     rounds = f"walkthrough {next(_WALKS)}"

@@ -1,6 +1,6 @@
 """Emulated stage compute: layers that sleep, so a pipeline's schedule shows on a 2-core laptop.
 
-Used by 06a (``pipeline``, ``torch_pipeline``, ``experiments.pipeline_bubble``) and 05 (through
+Used by 06a1 and 06a2 (``pipeline``, ``torch_pipeline``, ``experiments.pipeline_bubble``) and 05 (through
 ``pipeline.make_pipeline_mlp``). Four ranks computing for real on two cores take turns on the
 cores, so their timeline shows the operating system's scheduler, not the pipeline schedule. A
 ``Delay`` layer instead sleeps a set time per sample: a sleeping rank leaves the cores free, every

@@ -1,4 +1,4 @@
-"""A 2-D layout (06c): data parallel x tensor parallel on one DeviceMesh, checked against one
+"""A 2-D layout (formerly in 06c; kept for the planned composed-parallelism lab): data parallel x tensor parallel on one DeviceMesh, checked against one
 process (``experiments.mesh_2d_runs.run_mesh_2d`` launches and checks it)."""
 import torch
 import torch.distributed as dist

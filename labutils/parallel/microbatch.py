@@ -1,6 +1,6 @@
 """The idea of pipelining (05): cut the batch into micro-batches, so stage r works on
 micro-batch i while stage r+1 works on micro-batch i-1. Forward only; the schedules with a
-backward pass (GPipe, 1F1B) are ``labutils.parallel.pipeline`` (06a).
+backward pass (GPipe, 1F1B) are ``labutils.parallel.pipeline`` (06a1).
 
 A stage can only run ahead if handing a micro-batch on does not wait for the next stage. A gloo
 ``dist.send`` returns only once the receiver has posted the matching ``recv`` (its buffer is

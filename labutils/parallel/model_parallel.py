@@ -1,7 +1,7 @@
 """Naive model parallelism: one sequential model cut into stages, one stage per rank.
 
 Used by 05_model_parallel_principles; the splitting helpers and ``StageLayout`` are reused by
-``labutils.parallel.microbatch`` (05) and ``labutils.parallel.pipeline`` (06a). Activations
+``labutils.parallel.microbatch`` (05) and ``labutils.parallel.pipeline`` (06a1). Activations
 travel forward and gradients travel back with ``dist.send`` / ``dist.recv``; every result is
 checked against one process running the whole model (``reference_step``). What a run measures
 (its timeline, its messages, its memory) is attached from outside, in

@@ -1,4 +1,4 @@
-"""Expert parallelism for a mixture-of-experts layer (lab 06d), as in GShard (arXiv:2006.16668),
+"""Expert parallelism for a mixture-of-experts layer (lab 06d3), as in GShard (arXiv:2006.16668),
 Switch Transformer (arXiv:2101.03961) and DeepSpeed-MoE: ``E`` experts over ``N`` ranks, ``E/N``
 each; every rank routes its own tokens, sends each kept slot to the rank that owns its expert with
 one ``all_to_all_single`` (uneven splits), runs its experts, and sends the results back with the

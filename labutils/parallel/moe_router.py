@@ -1,4 +1,4 @@
-"""The router of a mixture-of-experts layer (lab 06d): top-k gates, expert capacity, dropped
+"""The router of a mixture-of-experts layer (lab 06d3): top-k gates, expert capacity, dropped
 slots and the load-balancing loss; and which rank each kept slot goes to. Pure tensor code, no
 processes: the expert-parallel layer (``moe``) and its single-process reference both route with
 these functions, so their decisions are the same by construction; tests/test_moe.py checks
@@ -11,10 +11,18 @@ Conventions (Switch Transformer, arXiv:2101.03961; GShard, arXiv:2006.16668):
 * ``k = 1``: the gate is the chosen expert's router probability (Switch, not renormalised, so the
   router gets a gradient). ``k = 2``: the two probabilities renormalised to sum to 1 (GShard).
 * Capacity per expert is ``ceil(capacity_factor * k * T / E)`` for the ``T`` tokens of ONE source
-  rank's batch; slots fill an expert in slot order, and those past its capacity are dropped (their
-  expert output is zero; the residual connection carries the token).
-* Load-balancing loss, Switch eq. 4: ``E * sum_i f_i * P_i``, ``f_i`` the fraction of slots the
-  router sent to expert ``i`` (before dropping), ``P_i`` the mean router probability of ``i``.
+  rank's batch. An expert accepts slots in PRIORITY order, every token's first choice before any
+  second choice (GShard's Algorithm 1 without its random second routing, which keeps a second
+  choice with probability ~ 2 * g2; DeepSpeed's ``top2gating``, Tutel, fairseq), tokens in
+  order within a choice; those past its capacity are dropped (their expert output is zero; the
+  residual connection carries the token). ``keep_within_capacity(..., first_choices_first=False)``
+  is the token-major simplification (slot order ``t * k + j``), kept only to count what it drops.
+* Load-balancing loss, Switch eq. 4 (top-1) generalised to top-k as Megatron-Core does (GShard's
+  counts first choices only): ``E * sum_i f_i * P_i``, ``f_i`` the fraction of the ``T * k`` slots
+  the router sent to expert ``i`` (before dropping), ``P_i`` the mean router probability of ``i``.
+  With ``sum f = sum P = 1`` it is exactly 1 when EITHER is uniform, whatever the other (so an
+  untrained router, ``P`` near uniform, reads ~1 whatever its load); ``f_i <= 1/k`` caps it at
+  ``E / k``.
 """
 from __future__ import annotations
 
@@ -62,13 +70,23 @@ def route(x, router_weight, top_k, capacity_factor):
         gate = gate / gate.sum(dim=-1, keepdim=True)
     gate = gate.to(x.dtype)
     cap = capacity(num_tokens, num_experts, top_k, capacity_factor)
-    flat = expert.flatten()                                           # slot order t*k + j
-    # position of each slot in its expert's buffer: earlier slots of the same expert before it
-    position = (F.one_hot(flat, num_experts).cumsum(0) - 1).gather(1, flat[:, None])[:, 0]
-    keep = (position < cap).view_as(expert)
-    f = torch.bincount(flat, minlength=num_experts).to(probs.dtype) / flat.numel()
+    keep = keep_within_capacity(expert, num_experts, cap)
+    f = torch.bincount(expert.flatten(), minlength=num_experts).to(probs.dtype) / expert.numel()
     aux_loss = num_experts * (f * probs.mean(dim=0)).sum()            # f is a count: no grad
     return Routing(expert, gate, keep, aux_loss.to(x.dtype), cap)
+
+
+def keep_within_capacity(expert, num_experts, cap, first_choices_first=True):
+    """Which slots of ``expert`` ``[T, k]`` fit their expert's ``cap``: ``keep`` ``[T, k]`` bool.
+    An expert takes slots in priority order: all first choices (tokens in order), then all second
+    choices. ``first_choices_first=False``: token-major order ``t * k + j`` (a simplification in
+    which an earlier token's second choice can take the place of a later token's first)."""
+    # the order in which experts see the slots: choice-major (column by column) or token-major
+    ordered = expert.t().flatten() if first_choices_first else expert.flatten()
+    # position of each slot in its expert's buffer: earlier slots of the same expert before it
+    position = (F.one_hot(ordered, num_experts).cumsum(0) - 1).gather(1, ordered[:, None])[:, 0]
+    keep = position < cap
+    return keep.view(expert.shape[1], -1).t() if first_choices_first else keep.view_as(expert)
 
 
 def decision_gap(x, router_weight, top_k):
@@ -83,7 +101,7 @@ def decision_gap(x, router_weight, top_k):
     return float((top[:, :-1] - top[:, 1:]).min())
 
 
-# ---- the exercise of lab 06d (lu.show_solution("dispatch_indices")) -----------------------
+# ---- an exercise of lab 06d3 (lu.show_solution("dispatch_indices")) ----------------------
 
 def dispatch_indices(expert, num_experts, world_size):
     """Which slots go to which rank: ``(order, send_counts)``.

@@ -1,4 +1,4 @@
-"""Attention one key/value block at a time (06d): a block's output and log-sum-exp, and the
+"""Attention one key/value block at a time (06d2): a block's output and log-sum-exp, and the
 online-softmax merge that makes blocks add up to attention over all keys (Milakov & Gimelshein
 2018; FlashAttention; Liu et al. 2023, "Ring Attention"). ``labutils.parallel.ring_attention``
 runs it on a ring of ranks.

@@ -1,6 +1,7 @@
 """Pipeline parallelism from send/recv: GPipe and 1F1B over a list of stages.
 
-Used by 06a_pipeline_parallel (and, for the idea of micro-batches, 05_model_parallel_principles).
+Used by 06a1_pipeline_from_scratch and 06a2_pipeline_schedules (and, for the idea of
+micro-batches, 05_model_parallel_principles).
 A schedule is a plain list of ("F", i) / ("B", i) operations per stage; one executor runs any
 schedule with blocking ``recv`` and non-blocking ``isend``, so a schedule whose dependencies are
 acyclic cannot deadlock. Gradients are accumulated over the micro-batches and checked against
@@ -8,7 +9,7 @@ one process training on the whole batch. PyTorch's own ``torch.distributed.pipel
 same stages is ``torch_pipeline``; layers whose compute is emulated (they sleep) are
 ``emulated_stages``. Nothing here observes itself: launching, timelines and activation memory
 attach from outside in ``experiments.pipeline_runs``; the measured bubble is
-``experiments.pipeline_bubble``, the checker ``exercises.lab06a`` and the benchmark
+``experiments.pipeline_bubble``, the checker ``exercises.lab06a1`` and the benchmark
 ``bench.pipeline``.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Context parallelism by ring attention (06d; Liu et al. 2023, "Ring Attention with Blockwise
+"""Context parallelism by ring attention (06d2; Liu et al. 2023, "Ring Attention with Blockwise
 Transformers", arXiv:2310.01889): each rank holds the queries, keys and values of its part of
 the sequence; the key/value blocks travel round the ring of ranks, and each rank merges its
 queries' attention over every block it receives with the online softmax

@@ -1,7 +1,7 @@
 """Megatron sequence parallelism (Korthikanti et al. 2022, "Reducing Activation Recomputation in
 Large Transformer Models", arXiv:2205.05198, section 4.2.2), on top of 06b's tensor parallelism.
 
-Used by ``06d_sequence_context_expert``. Under tensor parallelism of degree t the LayerNorms,
+Used by ``06d1_sequence_parallelism``. Under tensor parallelism of degree t the LayerNorms,
 dropouts and residual adds sit outside the tensor-parallel blocks: every rank runs them on the
 whole (B, T, H) activation and keeps the same copy for backward. Sequence parallelism splits
 those regions along the sequence instead (each rank keeps T/t positions), and swaps 06b's
@@ -23,6 +23,11 @@ input for backward. ``regather=True`` does what Megatron does instead (``Gathere
 keep only the shard and all-gather it again in backward, one more all-gather per
 column-parallel linear, for (1 - 1/t) of those inputs saved (``sp_memory``).
 
+Layout: activations are (B, T, H) here, so a sequence shard is not one block of memory and the
+collectives go through lists, ``cat`` and ``.contiguous()`` chunks. ``seq_first=True`` keeps them
+(T, B, H), as Megatron-LM does: a shard is then contiguous, and ``all_gather_single`` /
+``reduce_scatter_single`` read and write in place (06d1 times both).
+
 The replicated parameters that act on a sequence shard (LayerNorm weights and biases, the
 row-parallel biases) get only their shard's part of the gradient; ``allreduce_replicated_grads``
 sums them, as Megatron does once per step (a few H-sized vectors, independent of T).
@@ -43,7 +48,7 @@ from labutils.parallel.tensor_parallel import (
     validate_tp_config,
 )
 
-SEQ_DIM = 1  # activations are (batch, sequence, hidden)
+SEQ_DIM = 1  # activations are (batch, sequence, hidden); (sequence, batch, hidden) if seq_first
 
 
 def validate_sp_config(hidden, num_heads, seq_len, tp_world_size):
@@ -71,18 +76,40 @@ def _reduce_scatter(x, layout):
     return out
 
 
+def _all_gather_seq_first(x, layout):
+    # (T/t, B, H) shards, one contiguous block each: gathered in place, no list and no cat
+    out = x.new_empty((layout.tp_world_size * x.shape[0], *x.shape[1:]))
+    dist.all_gather_single(out, x.contiguous(), group=layout.group)
+    return out
+
+
+def _reduce_scatter_seq_first(x, layout):
+    # (T, B, H): rank r's shard is rows r*T/t.., one block: no chunk copies
+    out = x.new_empty((x.shape[0] // layout.tp_world_size, *x.shape[1:]))
+    dist.reduce_scatter_single(out, x.contiguous(), group=layout.group)
+    return out
+
+
+def _gather(x, layout, seq_first):
+    return (_all_gather_seq_first if seq_first else _all_gather)(x, layout)
+
+
+def _scatter(x, layout, seq_first):
+    return (_reduce_scatter_seq_first if seq_first else _reduce_scatter)(x, layout)
+
+
 class GatherFromSequenceParallel(torch.autograd.Function):
     """Replaces f: all-gather the sequence shards forward; reduce-scatter the gradient backward
     (each rank's column slice contributed a partial gradient for every position)."""
 
     @staticmethod
-    def forward(ctx, x, layout):
-        ctx.layout = layout
-        return _all_gather(x, layout)
+    def forward(ctx, x, layout, seq_first=False):
+        ctx.layout, ctx.seq_first = layout, seq_first
+        return _gather(x, layout, seq_first)
 
     @staticmethod
     def backward(ctx, grad):
-        return _reduce_scatter(grad, ctx.layout), None
+        return _scatter(grad, ctx.layout, ctx.seq_first), None, None
 
 
 class ReduceScatterToSequenceParallel(torch.autograd.Function):
@@ -90,13 +117,13 @@ class ReduceScatterToSequenceParallel(torch.autograd.Function):
     all-gather the gradient backward (every position's sum took a part from this rank)."""
 
     @staticmethod
-    def forward(ctx, x, layout):
-        ctx.layout = layout
-        return _reduce_scatter(x, layout)
+    def forward(ctx, x, layout, seq_first=False):
+        ctx.layout, ctx.seq_first = layout, seq_first
+        return _scatter(x, layout, seq_first)
 
     @staticmethod
     def backward(ctx, grad):
-        return _all_gather(grad.contiguous(), ctx.layout), None
+        return _gather(grad.contiguous(), ctx.layout, ctx.seq_first), None, None
 
 
 class GatheredColumnLinear(torch.autograd.Function):
@@ -119,7 +146,7 @@ class GatheredColumnLinear(torch.autograd.Function):
         return grad_x, grad_w, grad.sum(dim=(0, 1)), None
 
 
-def seeded_dropout(x, p, seed, full_shape, start=0):
+def seeded_dropout(x, p, seed, full_shape, start=0, seq_first=False):
     """Dropout whose mask is drawn for the *full* (B, T, H) activation from a generator seeded
     with ``seed``, then sliced to the positions ``start:start + x.shape[1]`` this rank holds.
 
@@ -132,7 +159,8 @@ def seeded_dropout(x, p, seed, full_shape, start=0):
         return x
     keep = torch.rand(full_shape, generator=torch.Generator().manual_seed(seed)) >= p
     # a copy, not a view: the mask autograd keeps is then the shard's, not the full draw's
-    keep = keep.narrow(SEQ_DIM, start, x.shape[SEQ_DIM]).clone()
+    keep = keep.narrow(SEQ_DIM, start, x.shape[0 if seq_first else SEQ_DIM])
+    keep = keep.transpose(0, 1).contiguous() if seq_first else keep.clone()
     return x * keep * (1.0 / (1.0 - p))  # autograd saves the bool mask: one byte an element
 
 
@@ -160,11 +188,16 @@ class SequenceParallelTransformerLayer(nn.Module):
     ``sequence_parallel=True``: input and output are this rank's (B, T/t, H) sequence shard;
     LayerNorm, dropout and residual run on the shard. ``False``: 06b's tensor parallelism with
     its f and g, input and output the whole (B, T, H) on every rank (the baseline).
-    ``regather=True`` (with SP): the column-parallel linears keep only their input's shard."""
+    ``regather=True`` (with SP): the column-parallel linears keep only their input's shard.
+    ``seq_first=True`` (with SP): input and output (T/t, B, H), as in Megatron-LM."""
 
-    def __init__(self, layer, layout, sequence_parallel=True, regather=False):
+    def __init__(self, layer, layout, sequence_parallel=True, regather=False, seq_first=False):
         super().__init__()
+        if seq_first and (regather or not sequence_parallel):
+            raise ValueError("seq_first=True is the (T, B, H) layout of sequence parallelism: "
+                             "use it with sequence_parallel=True and regather=False")
         self.layout, self.sp, self.regather = layout, sequence_parallel, regather
+        self.seq_first = seq_first
         self.ln1, self.ln2 = copy.deepcopy(layer.ln1), copy.deepcopy(layer.ln2)  # replicated
         self.attn = ParallelSelfAttention(layer.attn, layout)  # shards qkv (column), proj (row)
         self.mlp = ParallelMLP(layer.mlp, layout)              # shards fc1 (column), fc2 (row)
@@ -174,19 +207,23 @@ class SequenceParallelTransformerLayer(nn.Module):
         # SP: gather the sequence shards, then the column slice of the weight (no f).
         if self.regather:
             return GatheredColumnLinear.apply(x, linear.weight, linear.bias, self.layout)
-        return F.linear(GatherFromSequenceParallel.apply(x, self.layout), linear.weight,
-                        linear.bias)
+        return F.linear(GatherFromSequenceParallel.apply(x, self.layout, self.seq_first),
+                        linear.weight, linear.bias)
 
     def _row(self, linear, x):
         # SP: reduce-scatter the partial sums (no g); the bias is added on the shard.
-        return ReduceScatterToSequenceParallel.apply(F.linear(x, linear.weight),
-                                                     self.layout) + linear.bias
+        return ReduceScatterToSequenceParallel.apply(F.linear(x, linear.weight), self.layout,
+                                                     self.seq_first) + linear.bias
 
     def _attention(self, x):
         if not self.sp:
             return self.attn(x)
         qkv = self._column(self.attn.qkv, x)
-        return self._row(self.attn.proj, self.attn.attend(qkv, self.attn.local_heads))
+        if self.seq_first:                    # attention itself wants (B, T, ...): views
+            y = self.attn.attend(qkv.transpose(0, 1), self.attn.local_heads).transpose(0, 1)
+        else:
+            y = self.attn.attend(qkv, self.attn.local_heads)
+        return self._row(self.attn.proj, y)
 
     def _mlp(self, x):
         if not self.sp:
@@ -195,11 +232,13 @@ class SequenceParallelTransformerLayer(nn.Module):
 
     def forward(self, x):
         t = self.layout.tp_world_size if self.sp else 1
-        full = (x.shape[0], x.shape[SEQ_DIM] * t, x.shape[2])
-        start = self.layout.tp_rank * x.shape[SEQ_DIM] if self.sp else 0
-        x = x + seeded_dropout(self._attention(self.ln1(x)), self.dropout, self.seed, full, start)
+        batch, local = (x.shape[1], x.shape[0]) if self.seq_first else (x.shape[0], x.shape[1])
+        full = (batch, local * t, x.shape[2])             # the masks are drawn as (B, T, H)
+        start = self.layout.tp_rank * local if self.sp else 0
+        x = x + seeded_dropout(self._attention(self.ln1(x)), self.dropout, self.seed, full, start,
+                               self.seq_first)
         return x + seeded_dropout(self._mlp(self.ln2(x)), self.dropout, self.seed + 1, full,
-                                  start)
+                                  start, self.seq_first)
 
 
 def replicated_params(layer):

@@ -1,7 +1,7 @@
 """ZeRO stages 1, 2 and 3 from scratch on reduce-scatter and all-gather (Rajbhandari et al.,
 "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models", SC 2020).
 
-Used by ``06c_sharding_and_memory``. Each of the ``world_size`` data-parallel ranks owns one
+Used by ``06c1_zero_stages`` (and its FSDP2 by ``06c2_fsdp_and_memory``). Each of the ``world_size`` data-parallel ranks owns one
 equal slice (a *shard*) of every parameter, flattened and padded to a multiple of world_size:
 
 * stage 1 (P_os): every rank keeps full weights and full gradients; after backward the
@@ -193,16 +193,20 @@ def zero_volume_formula(stage):
 
 
 class FSDP2:
-    """PyTorch's FSDP2: ``fully_shard`` on each Linear and on the root (CPU mesh, gloo)."""
+    """PyTorch's FSDP2: ``fully_shard`` on each Linear and on the root (CPU mesh, gloo).
+    ``param_dtype=torch.bfloat16``: the shards stay fp32, the all-gathered weights are bf16."""
 
-    def __init__(self, model, layout, lr):
+    def __init__(self, model, layout, lr, param_dtype=None):
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         mesh = init_device_mesh("cpu", (layout.world_size,))
+        # cast each shard to param_dtype before the all-gather (half the bytes for bf16);
+        # reduce-scatter the gradients in fp32, into fp32 shards for Adam
+        policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
         for layer in model:
             if isinstance(layer, nn.Linear):
-                fully_shard(layer, mesh=mesh)
-        self.model = fully_shard(model, mesh=mesh)
+                fully_shard(layer, mesh=mesh, mp_policy=policy)
+        self.model = fully_shard(model, mesh=mesh, mp_policy=policy)
         self.opt = torch.optim.Adam(model.parameters(), lr=lr, foreach=False)
 
     def step(self):

@@ -1,6 +1,6 @@
 """Megatron-LM tensor parallelism from scratch (Shoeybi et al., arXiv:1909.08053, section 3).
 
-Used by ``06b_tensor_parallel`` (and by the data x tensor mesh of ``06c_sharding_and_memory``).
+Used by ``06b_tensor_parallel`` (and by the data x tensor mesh, ``mesh_2d``, kept for the composed-parallelism lab).
 A linear layer ``Y = X W^T + b`` is split across the ``tp_world_size`` ranks of a group:
 
 * ``ColumnParallelLinear`` keeps rows ``W[r]`` of the weight (a slice of the *output* features);

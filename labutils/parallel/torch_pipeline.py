@@ -1,4 +1,4 @@
-"""The same pipeline with PyTorch's own ``torch.distributed.pipelining`` (06a): GPipe, 1F1B and
+"""The same pipeline with PyTorch's own ``torch.distributed.pipelining`` (06a2): GPipe, 1F1B and
 the schedules with several stages per rank (interleaved 1F1B, zero bubble), on the stages of
 ``pipeline``, checked against one process. Launching and measuring them is
 ``experiments.pipeline_runs``.

@@ -1,6 +1,6 @@
 """DeepSpeed-Ulysses sequence parallelism for attention (Jacobs et al. 2023, arXiv:2309.14509).
 
-Used by ``06d_sequence_context_expert``. Each of N ranks holds s/N positions of the sequence
+Used by ``06d2_context_parallelism``. Each of N ranks holds s/N positions of the sequence
 and the whole (replicated) attention weights. It projects q, k, v for its positions; one
 all-to-all per tensor trades "my positions, all heads" for "all positions, my heads/N heads";
 causal attention then runs on the whole sequence for those heads, with no communication; one

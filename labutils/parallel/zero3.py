@@ -1,5 +1,5 @@
 """ZeRO stage 3 (P_os+g+p) for any module, from scratch on module hooks: the general, tested
-version of the lesson's ``sharding.Zero3`` (``06c_sharding_and_memory``).
+version of the lesson's ``sharding.Zero3`` (``06c2_fsdp_and_memory``).
 
     model = Zero3Module(CharGPT(65), unit={Block, nn.Embedding, nn.Linear})
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)   # the fp32 master shards

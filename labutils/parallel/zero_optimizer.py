@@ -1,6 +1,6 @@
 """ZeRO stages 1 and 2 as a ``torch.optim.Optimizer`` (Rajbhandari et al., SC 2020, P_os and
 P_os+g): the general, tested version of the lesson's ``sharding.Zero12``
-(``06c_sharding_and_memory``).
+(``06c1_zero_stages``).
 
     opt = ZeroOptimizer(model.parameters(), torch.optim.AdamW, stage=2, lr=1e-3, weight_decay=0.1)
     loss.backward(); opt.step(); opt.zero_grad()
@@ -61,7 +61,8 @@ def reduce_scatter_mean(full_flat, group=None):
 
 def all_gather_into(full_flat, shard, group=None):
     """Every rank's ``shard`` into ``full_flat`` (rank order). ``shard`` may be a view of
-    ``full_flat``: a collective's input and output must not overlap, so it is sent as a copy."""
+    ``full_flat``: input and output may share memory only in place (the input exactly this
+    rank's slice of the output, as NCCL defines it); a copy is right wherever ``shard`` lies."""
     dist.all_gather_single(full_flat, shard.detach().clone(), group=group)
 
 

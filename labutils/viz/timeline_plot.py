@@ -1,4 +1,4 @@
-"""Per-rank timelines drawn as lanes of labelled bars (05, 06a), and DDP's compute and
+"""Per-rank timelines drawn as lanes of labelled bars (05, 06a1, 06a2), and DDP's compute and
 communication overlap (04c)."""
 import functools
 import math

@@ -1,0 +1,338 @@
+"""Running the composed data x tensor x pipeline step of 06e_composed_parallelism, observed from
+outside: checked against one process, its communication counted per mesh dimension at the
+dispatcher and set beside a formula, and a timeline of one step.
+
+``run_composed`` launches ``parallel.composed.composed_worker`` with its step observed: the first
+step runs under ``commcount.count_collectives`` (every call, by process group) and under
+``timed_comm`` (a span per call, named by its mesh dimension), with the stage's forward and
+backward spans from ``stage_observers.stage_spans``. ``formula_per_dim`` is what each dimension
+should carry, from the layout and the model alone.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from labutils.core.commcount import count_collectives
+from labutils.core.launcher import launch
+from labutils.core.timeline import Timeline
+from labutils.cost.step_time import data_parallel_step, pipeline_step, tensor_parallel_step
+from labutils.experiments.stage_observers import stage_spans
+from labutils.parallel.composed import (
+    composed_step,
+    composed_worker,
+    gpt_config,
+    gpt_loss,
+    reference_train,
+    validate_composed,
+)
+from labutils.parallel.model_parallel import split_sizes
+from labutils.parallel.pipeline import run_schedule
+from labutils.parallel.tensor_parallel import TPLayout, reference_shards
+from labutils.parallel.torch_composed import torch_composed_worker
+
+DIMS_SHOWN = ("pp", "dp", "tp")
+# float64 on both sides: the parallel sums run in another order, which costs ~1e-15 relative;
+# a wrong split or a missing all-reduce changes a gradient by 1e-3 or more (the lab and
+# tests/test_composed.py assert both ends with max_relative_error and step_without_dp).
+RTOL, ATOL = 1e-9, 1e-12
+
+
+def make_batch(batch=8, model_kwargs=None, seed=0):
+    """Token ids ``x`` (B, T) and the next tokens ``y`` (B, T) of random sequences."""
+    cfg = gpt_config(model_kwargs)
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(cfg["vocab_size"], (batch, cfg["seq_len"] + 1), generator=g)
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+# ---- observing one step ----------------------------------------------------------------------
+
+def _dim_of(op, group_name, names):
+    """The mesh dimension of a call: point-to-point calls are filed under pp by their op (the
+    pipeline's messages are the only ones), collectives by their group; a collective on any
+    other group is "other", which ``counts_table`` asserts never happens."""
+    if op in ("send", "recv_", "recv_any_source_"):
+        return "pp"
+    return names.get(group_name, "other")
+
+
+class _TimedCollectives(TorchDispatchMode):
+    """A span per collective, from its launch to its completion, named "<dim> all-reduce"."""
+
+    def __init__(self, tl, names):
+        super().__init__()
+        self.tl, self.names = tl, names
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        op = str(func.overloadpacket).split(".")[-1]
+        if func.namespace not in ("c10d", "_c10d_functional", "c10d_functional") or \
+                op in ("send", "recv_", "recv_any_source_"):
+            return func(*args, **(kwargs or {}))
+        start = time.perf_counter()
+        out = func(*args, **(kwargs or {}))
+        # The caller (a blocking dist.all_reduce) waits for it at once anyway: wait here. Not
+        # for gloo's send and recv: a second wait() on those waits for a second message.
+        for w in (out if isinstance(out, (list, tuple)) else [out]):
+            if isinstance(w, torch.ScriptObject):
+                torch._C._distributed_c10d.Work.unbox(w).wait()
+        group = next((torch._C._distributed_c10d.ProcessGroup.unbox(a).group_name
+                      for a in args if _is_group(a)), "")
+        self.tl.add(f"{_dim_of(op, group, self.names)} all-reduce", start, time.perf_counter())
+        return out
+
+
+@contextlib.contextmanager
+def timed_comm(tl, names):
+    """Spans of this thread's communication inside the block: every collective (named by the
+    mesh dimension of its group, ``names``: group name -> dimension) and every blocking
+    ``dist.recv`` ("pp recv": the stage waiting for its neighbour), wrapped for the block only."""
+    original = dist.recv
+
+    def recv(tensor, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return original(tensor, *args, **kwargs)
+        finally:
+            tl.add("pp recv", start, time.perf_counter())
+    dist.recv = recv
+    try:
+        with _TimedCollectives(tl, names):
+            yield tl
+    finally:
+        dist.recv = original
+
+
+def _is_group(a):
+    if not isinstance(a, torch.ScriptObject):
+        return False
+    try:
+        torch._C._distributed_c10d.ProcessGroup.unbox(a)
+        return True
+    except RuntimeError:
+        return False
+
+
+def _observed_worker(rank, world_size, dims, x, y, **kwargs):
+    """``composed_worker``'s own loop; its first step counted and timed from outside."""
+    first = {}
+
+    def step_fn(stage, me, dp_group, ops, prev_ops, x_mbs, y_mbs, in_shape):
+        if first:                                    # later steps run unobserved
+            return composed_step(stage, me, dp_group, ops, prev_ops, x_mbs, y_mbs, in_shape)
+        names = {dp_group.group_name: "dp"}
+        if stage_tp_group(stage) is not None:
+            names[stage_tp_group(stage).group_name] = "tp"
+        compute, comm = Timeline(rank), Timeline(rank)
+        forwards = [i for op, i in ops if op == "F"]
+        dist.barrier()                               # every rank starts the step together
+        with count_collectives() as counted, timed_comm(comm, names), \
+                stage_spans(stage, compute, forwards):
+            loss = composed_step(stage, me, dp_group, ops, prev_ops, x_mbs, y_mbs, in_shape)
+        per_dim = {d: {"calls": 0, "bytes": 0} for d in DIMS_SHOWN}
+        for c in counted.calls:
+            d = per_dim.setdefault(_dim_of(c.op, c.group, names), {"calls": 0, "bytes": 0})
+            d["calls"] += 1
+            d["bytes"] += c.nbytes
+        first.update(counts=per_dim, spans=compute.spans + comm.spans)
+        return loss
+
+    result = composed_worker(rank, world_size, dims, x, y, step_fn=step_fn, **kwargs)
+    return {**result, **first}
+
+
+def stage_tp_group(stage):
+    """The tensor-parallel group of a stage's Megatron layers (None: the stage has none)."""
+    for module in stage.modules():
+        layout = getattr(module, "layout", None)
+        if isinstance(layout, TPLayout):
+            return layout.group
+    return None
+
+
+def step_without_dp(stage, me, dp_group, ops, prev_ops, x_mbs, y_mbs, in_shape):
+    """A broken ``composed_step``: the DP all-reduce forgotten, so each data slice keeps its own
+    gradient. What the equality check must catch."""
+    return run_schedule(ops, stage, me, x_mbs, y_mbs, in_shape, prev_ops, loss_fn=gpt_loss)
+
+
+def run_composed(dims, batch=8, n_microbatches=2, steps=2, lr=0.1, model_kwargs=None, seed=0,
+                 timeout=120.0, step_fn=None):
+    """Validate (before any process starts), launch ``dims.world_size`` ranks, return
+    per-rank results: ``coords``, ``losses``, ``grads``, ``params``, ``counts``, ``spans``.
+    Oversubscribed (8 ranks on 2 cores) on purpose: nothing of it is timed against anything.
+    ``step_fn`` (e.g. ``step_without_dp``): run it instead, unobserved (no counts, no spans)."""
+    cfg = gpt_config(model_kwargs)
+    validate_composed(dims, dims.world_size, batch, n_microbatches, cfg["hidden"],
+                      cfg["num_heads"], cfg["n_layers"])
+    x, y = make_batch(batch, model_kwargs, seed)
+    worker, extra = ((_observed_worker, {}) if step_fn is None
+                     else (composed_worker, {"step_fn": step_fn}))
+    return launch(worker, dims, x, y, model_kwargs=model_kwargs,
+                  n_microbatches=n_microbatches, steps=steps, lr=lr, **extra,
+                  world_size=dims.world_size, timeout=timeout, warn_oversubscription=False)
+
+
+def run_torch_composed(dims, batch=8, n_microbatches=2, steps=2, lr=0.1, model_kwargs=None,
+                       seed=0, timeout=120.0):
+    """The same training with PyTorch's pieces (``torch_composed``): per-rank results whose
+    ``grads`` and ``params`` are whole tensors of the rank's stage."""
+    cfg = gpt_config(model_kwargs)
+    validate_composed(dims, dims.world_size, batch, n_microbatches, cfg["hidden"],
+                      cfg["num_heads"], cfg["n_layers"])
+    if dims.pp < 2:
+        raise ValueError("PyTorch's pipelining schedules need pp >= 2 here; use pp=2")
+    x, y = make_batch(batch, model_kwargs, seed)
+    return launch(torch_composed_worker, dims, x, y, model_kwargs=model_kwargs,
+                  n_microbatches=n_microbatches, steps=steps, lr=lr,
+                  world_size=dims.world_size, timeout=timeout, warn_oversubscription=False)
+
+
+# ---- the check against one process ----------------------------------------------------------
+
+def expected_grad(name, grad, coords, dims, model_kwargs=None):
+    """The slice of the single-process gradient ``name`` that a rank at ``coords`` holds."""
+    layer = int(name.split(".")[0])
+    if 1 <= layer <= gpt_config(model_kwargs)["n_layers"]:     # a Megatron layer: sharded
+        return reference_shards(name, grad, TPLayout(coords["tp"], dims.tp))
+    return grad                                          # embedding and head: replicated
+
+
+def _pairs(results, dims, batch, steps, lr, model_kwargs, seed, sharded):
+    """(label, got, want) for the losses and every rank's gradients (first step) and
+    parameters (last step), beside one process on the whole batch."""
+    x, y = make_batch(batch, model_kwargs, seed)
+    ref = reference_train(x, y, model_kwargs, steps, lr)
+    last = [r for r in results if r["coords"]["pp"] == dims.pp - 1]
+    for r in last:                     # each dp slice's mean loss; the batch's is their mean
+        assert len(r["losses"]) == steps
+    losses = torch.tensor([[r["losses"][s] for s in range(steps)] for r in last],
+                          dtype=torch.float64).mean(0)
+    yield "losses", losses, torch.tensor(ref["losses"], dtype=losses.dtype)
+    for r in results:
+        for what in ("grads", "params"):
+            for name, got in r[what].items():
+                want = (expected_grad(name, ref[what][name], r["coords"], dims, model_kwargs)
+                        if sharded else ref[what][name])
+                yield f"rank at {r['coords']}, {what} {name}", got, want
+    covered = {n for r in results for n in r["grads"]}
+    assert covered == set(ref["grads"]), "some parameter is held by no rank"
+
+
+def assert_equal_to_one_process(results, dims, batch=8, steps=2, lr=0.1, model_kwargs=None,
+                                seed=0, sharded=True):
+    """Assert losses, every parameter's gradient (first step) and parameters (last step) of
+    every rank equal one process on the whole batch (RTOL, ATOL); return what was compared.
+    ``sharded=False``: each rank returned whole tensors (``run_torch_composed``)."""
+    n_grads, n_params = 0, set()
+    for label, got, want in _pairs(results, dims, batch, steps, lr, model_kwargs, seed,
+                                   sharded):
+        torch.testing.assert_close(got, want, rtol=RTOL, atol=ATOL,
+                                   msg=lambda m, lab=label: f"{lab}: {m}")
+        if " grads " in label:
+            n_grads += 1
+            n_params.add(label.split()[-1])
+    return {"losses": steps, "gradients": n_grads, "parameters": len(n_params)}
+
+
+def max_relative_error(results, dims, batch=8, steps=2, lr=0.1, model_kwargs=None, seed=0,
+                       sharded=True):
+    """The largest normwise relative error over the losses and every rank's gradients and
+    parameters: max |got - want| / max |want|, tensor by tensor."""
+    return max(((got - want).abs().max() / want.abs().max()).item()
+               for _, got, want in _pairs(results, dims, batch, steps, lr, model_kwargs, seed,
+                                          sharded))
+
+
+# ---- what each dimension should carry -------------------------------------------------------
+
+def stage_param_numels(dims, model_kwargs=None):
+    """{pp stage: [numel of each parameter tensor one rank of it holds]}, in closed form."""
+    c = gpt_config(model_kwargs)
+    V, T, H, t = c["vocab_size"], c["seq_len"], c["hidden"], dims.tp
+    embedding, head = [V * H, T * H], [H * V, V]
+    # qkv w, qkv b, proj w, proj b (replicated), fc1 w, fc1 b, fc2 w, fc2 b (replicated)
+    layer = [3 * H * H // t, 3 * H // t, H * H // t, H, 4 * H * H // t, 4 * H // t,
+             4 * H * H // t, H]
+    layers = [embedding] + [layer] * c["n_layers"] + [head]
+    out, start = {}, 0
+    for s, size in enumerate(split_sizes(len(layers), dims.pp)):
+        out[s] = [n for part in layers[start:start + size] for n in part]
+        start += size
+    return out
+
+
+def formula_per_dim(dims, pp_rank, batch=8, n_microbatches=2, model_kwargs=None,
+                    dtype_bytes=8):
+    """Calls and payload bytes one rank of pipeline stage ``pp_rank`` hands to each dimension's
+    communication in one step (sends and receives both counted):
+
+    * pp: per micro-batch, one activation (B/(dp m), T, H) each way per neighbouring stage:
+      forward's send or receive, and its gradient back (``step_time.pipeline_step``'s 2 messages);
+    * tp: 4 all-reduces of that activation per Megatron layer and micro-batch, 2 forward (g), 2
+      backward (f) (``step_time.tensor_parallel_step``'s 4 per layer);
+    * dp: one all-reduce per parameter tensor, of its gradient (``naive_allreduce_grads``), plus
+      one all-reduce of a vector of flags, one per tensor, saying whether it got one; none when
+      dp = 1. (DDP would bucket these into a few calls.)
+
+    Payload bytes: what each call hands over. A ring all-reduce of n ranks puts 2(n-1)/n times
+    that on each rank's link (equal when n = 2); a send or receive, the payload itself.
+    """
+    c = gpt_config(model_kwargs)
+    m = n_microbatches
+    activation = batch // (dims.dp * m) * c["seq_len"] * c["hidden"] * dtype_bytes
+    neighbours = (pp_rank > 0) + (pp_rank < dims.pp - 1)
+    sizes = split_sizes(c["n_layers"] + 2, dims.pp)
+    first = sum(sizes[:pp_rank])
+    tp_layers = sum(1 <= i <= c["n_layers"] for i in range(first, first + sizes[pp_rank]))
+    tp_calls = 4 * tp_layers * m if dims.tp > 1 else 0
+    numels = stage_param_numels(dims, model_kwargs)[pp_rank]
+    dp_calls = len(numels) + 1 if dims.dp > 1 else 0
+    dp_bytes = (sum(numels) + len(numels)) * dtype_bytes if dims.dp > 1 else 0
+    return {"pp": {"calls": 2 * m * neighbours, "bytes": 2 * m * neighbours * activation},
+            "dp": {"calls": dp_calls, "bytes": dp_bytes},
+            "tp": {"calls": tp_calls, "bytes": tp_calls * activation}}
+
+
+def planner_wire_bytes(dims, pp_rank, batch=8, n_microbatches=2, model_kwargs=None,
+                       dtype_bytes=8):
+    """The planner's view of the same rank (``cost.step_time``), per dimension: the
+    communication seconds of ``pipeline_step`` (2 messages per micro-batch and boundary),
+    ``tensor_parallel_step`` (4 all-reduces per layer, here per layer and micro-batch) and
+    ``data_parallel_step`` (one ring all-reduce of the stage's gradient bytes) on a link of
+    zero latency and 1 s per byte: seconds that read as bytes on each rank's link. It has no
+    flag all-reduce and no per-tensor calls."""
+    c = gpt_config(model_kwargs)
+    m, link = n_microbatches, (0.0, 1.0)
+    activation = batch // (dims.dp * m) * c["seq_len"] * c["hidden"] * dtype_bytes
+    neighbours = (pp_rank > 0) + (pp_rank < dims.pp - 1)
+    sizes = split_sizes(c["n_layers"] + 2, dims.pp)
+    first = sum(sizes[:pp_rank])
+    tp_layers = sum(1 <= i <= c["n_layers"] for i in range(first, first + sizes[pp_rank]))
+    grad_bytes = sum(stage_param_numels(dims, model_kwargs)[pp_rank]) * dtype_bytes
+    pp = neighbours * pipeline_step(0.0, dims.pp, m, activation, link).comm
+    tp = tensor_parallel_step(0.0, dims.tp, tp_layers * m, activation, link).comm
+    dp = data_parallel_step(0.0, grad_bytes, dims.dp, link).comm
+    return {"pp": round(pp), "dp": round(dp), "tp": round(tp)}
+
+
+def counts_table(results, dims, batch=8, n_microbatches=2, model_kwargs=None):
+    """Rows (stage, dim, counted calls, formula calls, counted bytes, formula bytes, planner's
+    wire bytes), one per pipeline stage and dimension, after asserting every rank of a stage
+    counted the same."""
+    rows = []
+    for s in range(dims.pp):
+        counted = [r["counts"] for r in results if r["coords"]["pp"] == s]
+        assert all(c == counted[0] for c in counted), f"ranks of stage {s} counted differently"
+        assert set(counted[0]) == set(DIMS_SHOWN), \
+            f"stage {s} called a collective on a group of no mesh dimension: {counted[0]}"
+        formula = formula_per_dim(dims, s, batch, n_microbatches, model_kwargs)
+        planner = planner_wire_bytes(dims, s, batch, n_microbatches, model_kwargs)
+        for d in DIMS_SHOWN:
+            rows.append((s, d, counted[0][d]["calls"], formula[d]["calls"],
+                         counted[0][d]["bytes"], formula[d]["bytes"], planner[d]))
+    return rows
