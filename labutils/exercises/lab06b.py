@@ -196,6 +196,24 @@ def _crossover_mistakes():
 _CROSSOVER_CASES = ((256, 2), (64, 2), (1000, 2), (16, 2))
 
 
+def _where(number, h, p):
+    return tr("[wrong] {name}: case {number} of {total} ({case})", name="crossover_tokens",
+              number=number, total=len(_CROSSOVER_CASES), case=f"hidden={h}, tp_size={p}")
+
+
+def _ask_tokens(learner_fn, where, h, p):
+    """(the learner's answer for hidden ``h`` and ``tp_size`` ``p`` as a float, None), or
+    (None, the failed CheckResult) when it raised or returned no number."""
+    got, failed = call_learner("crossover_tokens", learner_fn, where, h, p)
+    if failed:
+        return None, failed
+    if not isinstance(got, numbers.Real) or isinstance(got, bool):
+        return None, CheckResult(False, tr("{where}: expected a number of tokens, got {type} "
+                                           "{got!r}.", where=where, type=type(got).__name__,
+                                           got=got))
+    return float(got), None
+
+
 def check_crossover_tokens(learner_fn):
     """Check ``learner_fn(hidden, tp_size)``: the tokens B*T per step at which one transformer
     layer's tensor-parallel all-reduce bytes equal its data-parallel gradient bytes, for several
@@ -203,16 +221,10 @@ def check_crossover_tokens(learner_fn):
     require_function("crossover_tokens", learner_fn)
     seen = {}
     for p in (2, 4, 8):                      # the answer must not depend on p
-        where = tr("[wrong] {name}: case {number} of {total} ({case})", name="crossover_tokens",
-                   number=1, total=len(_CROSSOVER_CASES), case=f"hidden=256, tp_size={p}")
-        got, failed = call_learner("crossover_tokens", learner_fn, where, 256, p)
+        got, failed = _ask_tokens(learner_fn, _where(1, 256, p), 256, p)
         if failed:
             return failed
-        if not isinstance(got, numbers.Real) or isinstance(got, bool):
-            return CheckResult(False, tr("{where}: expected a number of tokens, got {type} "
-                                         "{got!r}.", where=where, type=type(got).__name__,
-                                         got=got))
-        seen[p] = float(got)
+        seen[p] = got
     if max(seen.values()) - min(seen.values()) > 1e-9 * max(1.0, abs(seen[2])):
         return CheckResult(False, tr(
             "[wrong] crossover_tokens: your answer changes with the tensor-parallel size ({a} at "
@@ -222,15 +234,10 @@ def check_crossover_tokens(learner_fn):
             "rank, so that factor, applied to both sides or to neither, cancels.",
             a=_number(seen[2]), b=_number(seen[8])), {"hidden": 256})
     for number, (h, p) in enumerate(_CROSSOVER_CASES, 1):
-        where = tr("[wrong] {name}: case {number} of {total} ({case})", name="crossover_tokens",
-                   number=number, total=len(_CROSSOVER_CASES), case=f"hidden={h}, tp_size={p}")
-        got, failed = call_learner("crossover_tokens", learner_fn, where, h, p)
+        where = _where(number, h, p)
+        got, failed = _ask_tokens(learner_fn, where, h, p)
         if failed:
             return failed
-        if not isinstance(got, numbers.Real) or isinstance(got, bool):
-            return CheckResult(False, tr("{where}: expected a number of tokens, got {type} "
-                                         "{got!r}.", where=where, type=type(got).__name__,
-                                         got=got))
         expected = crossover_tokens(h, p)
         if abs(got - expected) <= 1e-9 * expected:
             continue
