@@ -41,36 +41,42 @@ endif
 	@cp requirements.txt $(STAMP)
 
 # JupyterLab on 127.0.0.1 only; the token is kept (it is printed in the log with the URL).
-# `make lab LANG=zh` opens the Chinese edition (notebooks/zh/) with JupyterLab's interface in
-# Chinese. LANG is normally the locale (C.UTF-8, en_US.UTF-8), so only a value that starts with
-# "zh" selects the Chinese edition; `LANG=zh` itself is no locale, so Jupyter then gets C.UTF-8
-# (a real one such as zh_CN.UTF-8 is kept). The interface language comes from a settings folder
-# for this launch only (JUPYTERLAB_SETTINGS_DIR, under .venv/ so that what JupyterLab saves there
-# stays out of the repository), holding the translation setting {"locale": "zh_CN"} copied from
-# translations/zh/jupyterlab-settings/; the language pack is in requirements.txt. `make lab`
-# without it stays English and reads the user's own settings.
+# The edition is chosen only by an explicit setting: `make lab EDITION=zh` opens the Chinese
+# edition (notebooks/zh/) with JupyterLab's interface in Chinese; EDITION=en, the default, the
+# English. The locale never selects it: on a machine whose LANG is zh_CN.UTF-8, plain `make lab`
+# stays English. The literal `LANG=zh`, which is no locale, is kept as the older spelling of
+# EDITION=zh; Jupyter then gets LANG=C.UTF-8 (a real locale of the user's is passed on as it is).
+# The interface language comes from a settings folder for this launch only
+# (JUPYTERLAB_SETTINGS_DIR, under .venv/ so that what JupyterLab saves there stays out of the
+# repository), holding the translation setting {"locale": "zh_CN"} copied from
+# translations/zh/jupyterlab-settings/; the language pack is in requirements.txt. The English
+# edition reads the user's own settings.
 #
 # Students work in copies: JupyterLab opens my-labs/ (my-labs/zh/ for the Chinese edition), a
 # git-ignored folder where each lab is copied, outputs cleared, the first time (tools/
 # student_copies.py; a copy that exists is never overwritten), so running a lab, saving it or
 # editing an exercise never touches the executed reference in notebooks/. `make reset` restores
-# every copy, `make reset LAB=04a_ddp_from_scratch` one of them (LANG=zh: the Chinese copies).
+# every copy, `make reset LAB=04a_ddp_from_scratch` one of them (EDITION=zh: the Chinese copies).
 # JupyterLab's news pop-up and update check are off (tools/jupyterlab/overrides.json, copied into
 # the venv's settings): nothing covers the first notebook on a projector, nothing goes online.
-ifneq ($(filter zh%,$(LANG)),)
+EDITION ?= $(if $(filter zh,$(LANG)),zh,en)
+ifneq ($(filter lab reset,$(MAKECMDGOALS)),)
+ifeq ($(filter en zh,$(EDITION)),)
+$(error EDITION must be en or zh; got '$(EDITION)': make lab EDITION=zh opens the Chinese edition)
+endif
+endif
+ifeq ($(EDITION),zh)
 LAB_DIR := my-labs/zh
-EDITION := zh
-LAB_ENV := LANG=$(if $(filter zh,$(LANG)),C.UTF-8,$(LANG)) JUPYTERLAB_SETTINGS_DIR=$(CURDIR)/$(VENV)/jupyterlab-settings-zh
+LAB_ENV := $(if $(filter zh,$(LANG)),LANG=C.UTF-8) JUPYTERLAB_SETTINGS_DIR=$(CURDIR)/$(VENV)/jupyterlab-settings-zh
 else
 LAB_DIR := my-labs
-EDITION := en
-LAB_ENV :=
+LAB_ENV := $(if $(filter zh,$(LANG)),LANG=C.UTF-8)
 endif
 ZH_SETTINGS := translations/zh/jupyterlab-settings/@jupyterlab/translation-extension
 LAB_OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.json
 
 lab: $(STAMP)
-ifneq ($(filter zh%,$(LANG)),)
+ifeq ($(EDITION),zh)
 	@mkdir -p $(VENV)/jupyterlab-settings-zh/@jupyterlab/translation-extension
 	@cp $(ZH_SETTINGS)/plugin.jupyterlab-settings \
 		$(VENV)/jupyterlab-settings-zh/@jupyterlab/translation-extension/
@@ -97,10 +103,13 @@ zh-check: $(STAMP)
 	$(PY) tools/zh_messages.py check
 
 # Before tagging or publishing the site: no fuzzy or untranslated cell, the message catalogs
-# complete (msgfmt --check-format included), the Chinese edition's fast tests.
+# complete (msgfmt --check-format included), no English sentence in the Chinese edition's stored
+# outputs outside the allow-list of code, names and units (tools/zh_english.py; `-v` lists
+# them), the Chinese edition's fast tests.
 release: $(STAMP)
 	$(PY) tools/zh_catalog.py check --release
 	$(PY) tools/zh_messages.py check
+	$(PY) tools/zh_english.py
 	$(PY) -m pytest tests/test_translation.py tests/test_i18n.py -m "not slow and not browser"
 
 # Unit and multi-process tests, then every notebook under nbval, the Chinese edition

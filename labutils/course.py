@@ -45,7 +45,7 @@ MODULES = {name: paths[0] for name, paths in _FOUND.items()
 
 @dataclass(frozen=True)
 class Lab:
-    chapter: str                 # the article's chapter, English and Chinese
+    chapter: str                 # the article's chapter (the Chinese map: the article's heading)
     notebook: str                # file name without .ipynb
     modules: tuple               # labutils modules behind it (short names)
     shows: str                   # what the learner does and sees
@@ -209,8 +209,9 @@ LABS = (
          "commcount", "timeline", "timeline_plot"),
         "ParallelDims: a rank's coordinates and groups on a (pp, dp, cp, tp) mesh, checked "
         "against DeviceMesh; a small GPT trained on 8 ranks as dp=2 x tp=2 x pp=2 from Megatron "
-        "layers, 1F1B and a gradient all-reduce, checked equal to one process (float64); calls "
-        "and bytes per mesh dimension counted equal to the formula; where each dimension's "
+        "layers, 1F1B and a gradient all-reduce, and as dp=2 x cp=2 x tp=2 with ring attention, "
+        "each checked equal to one process (float64); calls and bytes per mesh dimension "
+        "counted equal to the formula; where each dimension's "
         "communication falls in a step; fully_shard + parallelize_module + pipelining on the "
         "same mesh checked equal", "0.5",
         checkers=("rank_coords",)),
@@ -222,7 +223,7 @@ LABS = (
         "datasheets and named published rows, its errors on 2022-2024 runs it was not fitted to "
         "printed per source against a constant baseline, extrapolated term by term to 4,096 "
         "GPUs", "1.5",
-        checkers=("ring_allreduce_time", "zero_memory_per_gpu")),
+        checkers=("dp_bytes_per_gpu", "fewest_micro_batches")),
 )
 
 
@@ -250,7 +251,9 @@ def rank_modules():
 
 
 # The map's English text; its Chinese is in labutils/locale/zh.po under this msgctxt
-# (tools/zh_messages.py puts every header word, "shows" and "device" there).
+# (tools/zh_messages.py puts every header word, chapter, "shows" and "device" there). In
+# Chinese a chapter is the article's own heading (its section 1.4 names chapters 4-7), with
+# the lab's part after a colon.
 COURSE = "course map"
 HEADER = ("article chapter", "notebook", "labutils", "what it shows", "minutes on a laptop",
           "CPU/GPU")
@@ -275,7 +278,7 @@ def markdown_table(link_prefix="notebooks/", language="en", columns=HEADER):
     for lab in LABS:
         name = (f"[{lab.notebook}]({link_prefix}{lab.notebook}.ipynb)" if lab.exists
                 else f"{lab.notebook} {say(COMING)}")
-        row = dict(zip(HEADER, (lab.chapter, name, ", ".join(f"`{m}`" for m in lab.modules),
+        row = dict(zip(HEADER, (say(lab.chapter), name, ", ".join(f"`{m}`" for m in lab.modules),
                                 say(lab.shows), lab.minutes, say(lab.device))))
         rows.append(tuple(row[c] for c in columns))
     return tables.markdown_table(rows, tuple(say(h) for h in columns))

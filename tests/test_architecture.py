@@ -104,8 +104,10 @@ def test_every_directly_imported_package_is_pinned():
                             imported |= {a.name.split(".")[0] for a in node.names}
                         elif isinstance(node, ast.ImportFrom) and node.level == 0:
                             imported.add(node.module.split(".")[0])
-    tools = {name[:-3] for name in os.listdir(os.path.join(root, "tools")) if name.endswith(".py")}
-    # tools/ modules import their siblings (zh_catalog uses zh_code, zh_build, zh_migrate)
+    tools = {name[:-3] for folder in ("tools", os.path.join("tools", "site"))
+             for name in os.listdir(os.path.join(root, folder)) if name.endswith(".py")}
+    # tools/ modules import their siblings (zh_catalog uses zh_code, zh_build, zh_migrate; the
+    # site's hook tools/site/hooks.py uses stage and mathml)
     third_party = imported - set(sys.stdlib_module_names) - {"labutils", "tests"} - tools
     pinned = {line.split("==")[0].strip().lower().replace("-", "_")
               for line in open(os.path.join(root, "requirements.txt"))

@@ -6,6 +6,7 @@ reached the ranks, and no error shows. Saves a screenshot under the test's tmp_p
 `make test` and `make ui-test` (mk/ui.mk) install /usr/bin/chromium with apt-get first;
 Playwright never downloads a browser. Without Chromium the test fails and says how to install
 it, unless SKIP_BROWSER=1 asks explicitly to skip it."""
+import contextlib
 import json
 import os
 import re
@@ -107,18 +108,25 @@ def start_server(cmd, env, runtime_dir, log, timeout=90, tries=3):
 def jupyter_lab(tmp_path):
     """(base URL, token) of a JupyterLab serving a copy of the fixture notebook; every
     process it started (kernel, forkserver, ranks) is ended afterwards."""
+    with serve_lab(tmp_path, NOTEBOOK, "panel_demo.ipynb") as served:
+        yield served
+
+
+@contextlib.contextmanager
+def serve_lab(tmp_path, notebook, name):
+    """The JupyterLab of ``jupyter_lab``, serving a copy of ``notebook`` as ``name``."""
     require_chromium()
     root, home = tmp_path / "root", tmp_path / "home"
     root.mkdir(), home.mkdir()
-    shutil.copy(NOTEBOOK, root / "panel_demo.ipynb")
+    shutil.copy(notebook, root / name)
     # as the labs store it: the language_info that this kernel reports (nbconvert wrote it into
     # the executed labs), so that opening the notebook changes nothing in it
     with open(os.path.join(ROOT, "notebooks", "01_introduction.ipynb")) as f:
         language_info = json.load(f)["metadata"]["language_info"]
-    with open(root / "panel_demo.ipynb") as f:
+    with open(root / name) as f:
         demo = json.load(f)
     demo["metadata"]["language_info"] = language_info
-    with open(root / "panel_demo.ipynb", "w") as f:
+    with open(root / name, "w") as f:
         json.dump(demo, f, indent=1)
     settings = tmp_path / "lab-settings"
     for rel, value in LAB_SETTINGS.items():
@@ -280,6 +288,24 @@ def test_panel_runs_in_jupyterlab_in_chromium(jupyter_lab, tmp_path):
             expect(plot).not_to_have_attribute("src", first_src, timeout=60_000)
             expect(run).to_be_enabled(timeout=60_000)
             expect(panel).to_contain_text("steps 6/6")
+
+            # More ranks than cores: the launcher's warning shows in the panel's log as one
+            # plain line (no file path), not as a stderr box in the notebook.
+            ws_slider = panel.locator(".widget-hslider").filter(
+                has=page.locator("label", has_text=re.compile(r"^world_size$")))
+            ws_slider.locator(".noUi-handle").focus()
+            for _ in range(6):
+                page.keyboard.press("ArrowRight")
+            expect(ws_slider.locator(".widget-readout")).to_have_text("8")
+            page.wait_for_timeout(1000)  # the slider's last value reaches the kernel
+            run.click()
+            if len(os.sched_getaffinity(0)) < 8:
+                expect(panel).to_contain_text("warning: 8 ranks on", timeout=180_000)
+                expect(run).to_be_enabled(timeout=180_000)
+                warned = [line for line in panel.inner_text().splitlines()
+                          if "oversubscription" in line]
+                assert warned and all("/" not in line and ".py" not in line
+                                      for line in warned), warned
             page.wait_for_timeout(500)  # let the image paint before the screenshot
             panel.scroll_into_view_if_needed()
             page.screenshot(path=str(tmp_path / "panel.png"), full_page=True)
@@ -295,3 +321,45 @@ def test_panel_runs_in_jupyterlab_in_chromium(jupyter_lab, tmp_path):
             context.close()
     assert (tmp_path / "panel.png").stat().st_size > 10_000
     assert server.poll() is None  # the server was up all along; the fixture ends it
+
+
+def test_a_lab_presents_as_slides_with_rise(tmp_path):
+    """Issue 31: a teacher presents a lab as live slides. JupyterLab opens lab 01; the
+    notebook toolbar's RISE button ("Render the current notebook as Reveal Slideshow", the
+    command RISE:preview of jupyterlab-rise from requirements.txt) opens the slideshow beside
+    the notebook, where reveal.js shows the first slide (tools/slides.py made the first cell
+    one) with the lab's title and central question, and its arrow moves to the next slide."""
+    from playwright.sync_api import expect, sync_playwright
+
+    lab = "01_introduction.ipynb"
+    with open(os.path.join(ROOT, "notebooks", lab), encoding="utf-8") as f:
+        title = "".join(json.load(f)["cells"][0]["source"]).splitlines()[0].lstrip("# ")
+    with serve_lab(tmp_path, os.path.join(ROOT, "notebooks", lab), lab) as (base, token, _), \
+            sync_playwright() as pw:
+        context = pw.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"), executable_path=CHROMIUM, headless=True,
+            args=["--no-sandbox", "--disable-background-networking", "--disable-gpu",
+                  "--disable-dev-shm-usage"],
+            viewport={"width": 1024, "height": 768})  # a projector
+        page = context.pages[0] if context.pages else context.new_page()
+        try:
+            page.set_default_timeout(60_000)
+            page.goto(f"{base}/lab/tree/{lab}?token={token}", timeout=120_000)
+            expect(page.locator(".jp-Notebook")).to_be_visible(timeout=120_000)
+            page.get_by_role("button", name=re.compile("as Reveal Slideshow")).click()
+            deck = page.frame_locator("iframe").last.locator(".reveal")
+            present = deck.locator(".slides > section.present")
+            expect(present).to_be_visible(timeout=120_000)
+            expect(present).to_contain_text(title, timeout=60_000)
+            expect(present).to_contain_text("Central question")
+            page.wait_for_timeout(1000)  # let the slide paint before the screenshot
+            page.screenshot(path=str(tmp_path / "slides.png"))
+            deck.locator(".controls .navigate-right").click()  # the next slide
+            expect(deck.locator(".slides > section.present")).not_to_contain_text(
+                "Central question", timeout=30_000)
+        except BaseException:
+            page.screenshot(path=str(tmp_path / "failure.png"), full_page=True)
+            raise
+        finally:
+            context.close()
+    assert (tmp_path / "slides.png").stat().st_size > 10_000

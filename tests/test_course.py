@@ -1,6 +1,7 @@
 """The course map: the README's table of labs is generated from labutils.course.LABS."""
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -55,7 +56,8 @@ def test_the_chinese_map_covers_every_lab_and_nothing_else():
     # keyed by the English text: an English edit fails here until the Chinese follows it
     catalog = polib.pofile(str(Path(course.__file__).parent / "locale" / "zh.po"))
     entries = {e.msgid for e in catalog if e.msgctxt == course.COURSE and e.translated()}
-    texts = {lab.shows for lab in course.LABS} | {lab.device for lab in course.LABS}
+    texts = ({lab.shows for lab in course.LABS} | {lab.device for lab in course.LABS}
+             | {lab.chapter for lab in course.LABS})
     assert entries == texts | set(course.HEADER) | {course.COMING}
 
     def zh(text):
@@ -64,7 +66,13 @@ def test_the_chinese_map_covers_every_lab_and_nothing_else():
     assert len(chinese) == len(english) == len(course.LABS) + 2
     for en_row, zh_row, lab in zip(english[2:], chinese[2:], course.LABS):
         en_cells, zh_cells = en_row.split(" | "), zh_row.split(" | ")
-        assert zh_cells[:3] == en_cells[:3]          # chapter, link, modules: the same
+        assert zh_cells[1:3] == en_cells[1:3]        # link, modules: the same
+        # the chapter: the article's own Chinese heading, its number first, no English words
+        # (names such as PyTorch, DDP, GPipe, 1F1B, ZeRO, FSDP2, SGD stay as they are)
+        chapter, number = zh_cells[0].lstrip("| "), lab.chapter.split()[0]
+        assert chapter == zh(lab.chapter) != lab.chapter
+        assert chapter.startswith(number + " ") or not number[0].isdigit(), chapter
+        assert not re.search(r"\b[a-z]{3,}\b", chapter), chapter
         assert lab.shows in en_row and zh(lab.shows) in zh_row
         assert any("\u4e00" <= ch <= "\u9fff" for ch in zh_cells[3]), lab.notebook
 

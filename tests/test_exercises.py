@@ -76,7 +76,7 @@ def test_shape_dtype_and_type_mismatches_are_named():
 def test_nested_containers_and_numbers():
     a = torch.ones(2)
     assert first_difference({"weight": a, "bias": a}, {"weight": a, "bias": a * 2}) == \
-        "key 'bias': element [0]: expected 1.0, got 2.0"
+        "for 'bias', element [0]: expected 1.0, got 2.0"
     assert first_difference({"weight": a}, {}) == "missing key 'weight'"
     assert first_difference([1, 2, 3.0], [1, 2, 3.5]) == "item 2: expected 3.0, got 3.5"
     assert first_difference([1, 2], [1, 2, 3]) == "length: expected 2 items, got 3"
@@ -151,7 +151,7 @@ def _got_is_not_the_mean(result):
 WRONG_AVERAGE = (  # names case, rank and element
     _names_the_first_case,
     starts_with(f"[wrong] average_gradients: {FIRST_CASE}: rank 0, "
-                "key '0.weight': element [0, 0]: expected -0.0352, got "),
+                "for '0.weight', element [0, 0]: expected -0.0352, got "),
     _got_is_not_the_mean,
 )
 

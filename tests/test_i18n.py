@@ -204,10 +204,35 @@ def test_versus_default_words_follow_the_language_and_given_words_do_not():
         "faster than", "slower than", "not measurably different from"]
     lu.set_language("zh")
     assert [versus(fast, slow), versus(slow, fast), versus(fast, near)] == [
-        "快于", "慢于", "在测量上无法区别于"]
+        "快于", "慢于", "不显著异于"]
     assert versus(fast, slow, less="少于", more="多于") == "少于"   # the notebook's own words
     lu.set_language("en")
     assert versus(slow, fast, less="smaller than", more="larger than") == "larger than"
+
+
+def test_verdict_sentences_are_whole_templates_in_each_language():
+    """``Comparison.sentence``: one template per outcome, so the Chinese puts "not measurably
+    different" after both names (「A 与 B 差异不显著」), which one fragment between the names
+    cannot; the interval follows in the same language."""
+    from labutils.core.timing import compare
+    fast = Stats.of([1.0, 0.9, 1.1, 0.95, 1.05, 1.02, 0.98])
+    slow, near = Stats.of([2 * v for v in fast.values]), Stats.of(reversed(fast.values))
+    english = [compare(x, y, paired=True).sentence("A", "B")
+               for x, y in ((fast, slow), (slow, fast), (fast, near))]
+    assert [e.split(":")[0] for e in english] == [
+        "On this run A was faster than B", "On this run A was slower than B",
+        "On this run A and B were not measurably different"]
+    assert english[0].endswith("x (95% CI 0.5-0.5, 7 paired rounds)")
+    lu.set_language("zh")
+    try:
+        chinese = [compare(x, y, paired=True).sentence("环形", "递归倍增")
+                   for x, y in ((fast, slow), (slow, fast), (fast, near))]
+    finally:
+        lu.set_language("en")
+    assert [c.split("：")[0] for c in chinese] == [
+        "本次运行中，环形快于递归倍增", "本次运行中，环形慢于递归倍增",
+        "本次运行中，环形与递归倍增差异不显著"]
+    assert all("倍（95% 置信区间" in c and "7 个配对回合" in c for c in chinese)
 
 
 def test_machine_report_lines():
@@ -264,7 +289,7 @@ def _sums(rank, world_size):
     return t
 
 
-MAX_EN = ("[wrong] max_allreduce: case 1 of 2 (world_size=2, seed={seed}): rank 0, key 'holds': "
+MAX_EN = ("[wrong] max_allreduce: case 1 of 2 (world_size=2, seed={seed}): rank 0, for 'holds', "
           "expected 'the elementwise max over all ranks', got 'the sum: all_reduce sums unless "
           "op=ReduceOp.MAX'")
 
@@ -279,7 +304,7 @@ def test_a_multi_rank_checker_composes_its_words_in_the_notebooks_language():
     lu.set_language("zh")
     chinese = lu.check_max_allreduce(_sums).message
     assert chinese == (f"[错误] max_allreduce：共 2 个用例，第 1 个未通过（world_size=2, seed={seed}）"
-                       f"：rank 0，键 '内容'：应为 '所有 rank 的逐元素最大值'，实际为 "
+                       f"：rank 0，对于 '内容'，应为 '所有 rank 的逐元素最大值'，实际为 "
                        f"'这是总和：除非 op=ReduceOp.MAX，all_reduce 默认求和'")
     passed = lu.check_max_allreduce(lab01.max_allreduce).message
     assert passed == "[通过] max_allreduce：2 个用例全部通过（进程总数 2, 3）"
@@ -382,3 +407,27 @@ def test_oversubscription_warning_keeps_its_category_and_speaks_the_language(mon
                                          r"\(oversubscription\), so timings will be slower "
                                          r"than with 1 ranks$"):
         lu.launch(_rank_id, world_size=2, threads_per_rank=1)
+
+
+def test_tables_pad_by_display_width_so_chinese_headers_align():
+    """A Chinese character takes two columns of a monospaced font (East Asian width W/F):
+    ``text_table`` pads by display width, so each column starts at the same column in every
+    row, Chinese or English, where ``str.ljust`` (characters) would shift it by one per
+    character."""
+    from labutils.core.tables import display_width, pad, text_table
+
+    assert display_width("算法") == 4 and display_width("ring") == 4
+    assert display_width("（全角）") == 8 and display_width("e\u0301") == 1  # combining accent
+    assert pad("环形", 6) == "环形  " and pad("toolong", 3) == "toolong"
+    lines = text_table([("环形算法", 1.5, "x"), ("recursive-doubling", 22.25, "是")],
+                       ["算法", "毫秒", "说明"]).splitlines()
+
+    def starts(line):  # display column of each column's first character
+        out, col, prev = [], 0, " "
+        for ch in line:
+            if ch != " " and prev == " ":
+                out.append(col)
+            col, prev = col + display_width(ch), ch
+        return out
+    assert [starts(line) for line in lines] == [[0, 20, 27]] * 3
+    assert text_table([], ["列"]) == "列"

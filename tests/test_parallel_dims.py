@@ -1,4 +1,4 @@
-"""labutils.parallel.parallel_dims: every inconsistent layout refused before any process starts;
+"""labutils.cost.parallel_dims: every inconsistent layout refused before any process starts;
 coordinates and groups computed without a process, for every rank of every layout up to 16 ranks,
 and equal to the groups ``init_device_mesh`` creates on 8 real ranks."""
 import itertools
@@ -6,7 +6,7 @@ import itertools
 import pytest
 
 import labutils as lu
-from labutils.parallel.parallel_dims import DIM_NAMES, ParallelDims
+from labutils.cost.parallel_dims import DIM_NAMES, ParallelDims
 
 pytestmark = pytest.mark.lab06e
 
@@ -98,3 +98,14 @@ def test_coordinates_and_groups_equal_device_mesh(dims):
     for rank, res in enumerate(results):
         assert res["coords"] == dims.coords(rank).as_dict()
         assert res["groups"] == dims.groups(rank)
+
+
+# ---- one layout: the planner's Layout is a ParallelDims ----------------------------------------
+
+@pytest.mark.parametrize("dims", list(_layouts(8)), ids=str)
+def test_the_planners_layout_is_the_same_parallel_dims(dims):
+    from labutils.cost.planspec import Layout
+    layout = Layout(dp=dims.dp, tp=dims.tp, pp=dims.pp, context_parallel=dims.cp, zero=1)
+    assert layout.dims == dims and layout.world_size == dims.world_size
+    with pytest.raises(ValueError, match="whole number >= 1"):
+        Layout(dp=0, tp=2).dims

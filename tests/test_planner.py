@@ -15,6 +15,8 @@ import labutils as lu
 from labutils import planner as pl
 from labutils import published as pub
 
+from labutils.exercises import lab07
+
 from .checkers import assert_check, checker_cases
 
 pytestmark = pytest.mark.lab07
@@ -319,22 +321,86 @@ def test_costmodel_bubble_formula_is_the_same():
     assert lu.step_time.bubble_fraction(4, 8) == pytest.approx(3 / 11)
 
 
-def _forgets_fp16_weights(psi, nd, stage):  # stage 1 shards all 16 bytes
-    return 16 * psi / nd if stage else 16 * psi
+# ---- exercise checkers (pure arithmetic: no processes) --------------------------------------
+
+def _half_an_allreduce(n, d, zero):            # or 2-byte gradients
+    return 4 * (d - 1) / d * n
 
 
-def _stage3_keeps_weights(psi, nd, stage):
-    return pl.zero_memory_per_gpu(psi, nd, min(stage, 2))
+def _zero1_gathers_fp32(n, d, zero):
+    return 8 * (d - 1) / d * n
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("answer, verdict", checker_cases(pl.zero_memory_per_gpu, {
-    "forgets_fp16_weights": (_forgets_fp16_weights, ("expected", "stage=")),
-    "stage3_keeps_weights": (_stage3_keeps_weights, ("expected", "stage=3")),
-}))
-def test_zero_memory_checker_accepts_reference_and_rejects_typical_mistakes(answer, verdict):
-    import labutils as lu
-    assert_check(lu.check_zero_memory_per_gpu, answer, verdict)
+def _whole_buffer(n, d, zero):
+    return lab07.dp_bytes_per_gpu(n, d, zero) * d / (d - 1)
+
+
+def _all_gpus(n, d, zero):
+    return lab07.dp_bytes_per_gpu(n, d, zero) * d
+
+
+def _dp_stub(n, d, zero):
+    raise NotImplementedError  # FILL ME IN
+
+
+@pytest.mark.parametrize("answer, verdict", checker_cases(lab07.dp_bytes_per_gpu, {
+    "half_an_allreduce": (_half_an_allreduce, ("expected", "fp32 main gradients of 4 bytes")),
+    "zero1_gathers_fp32": (_zero1_gathers_fp32, ("zero=1", "bf16 weights (2 bytes each)")),
+    "whole_buffer": (_whole_buffer, "(dp-1)/dp of the buffer"),
+    "all_gpus": (_all_gpus, "the bytes one GPU sends"),
+    "stub": (_dp_stub, "not implemented yet"),
+}, passes="6 cases passed"))
+def test_dp_bytes_checker_accepts_reference_and_names_typical_mistakes(answer, verdict):
+    assert_check(lu.check_dp_bytes_per_gpu, answer, verdict)
+
+
+def _ignores_v(p, v, share):
+    m = p if v > 1 else 1
+    while (p - 1) / (m + p - 1) > share:
+        m += p if v > 1 else 1
+    return m
+
+
+def _any_m(p, v, share):
+    m = 1
+    while (p - 1) / (v * m + p - 1) > share:
+        m += 1
+    return m
+
+
+def _one_short(p, v, share):
+    return lab07.fewest_micro_batches(p, v, share) - (p if v > 1 else 1)
+
+
+@pytest.mark.parametrize("answer, verdict", checker_cases(lab07.fewest_micro_batches, {
+    "ignores_v": (_ignores_v, ("p=8, v=2", "last 1/v as long")),
+    "any_m": (_any_m, "a multiple of p"),
+    "one_short": (_one_short, "still leaves a bubble above the target"),
+    "closed_form_wrong": (lambda p, v, s: 3, ("expected", "round up")),
+}, passes="6 cases passed", also_right={"closed_form": lambda p, v, s: (
+    -(-math.ceil((p - 1) * (1 / s - 1) / v) // p) * p if v > 1
+    else math.ceil((p - 1) * (1 / s - 1) / v))}))
+def test_micro_batch_checker_accepts_reference_and_names_typical_mistakes(answer, verdict):
+    assert_check(lu.check_fewest_micro_batches, answer, verdict)
+
+
+def test_the_exercise_references_agree_with_the_planner():
+    """Exercise 1's bytes are what the planner's data-parallel term moves (ring collectives);
+    exercise 2's m gives the planner's bubble share at most the target."""
+    model = pl.Transformer(8, 1024, 16, seq_len=1024)
+    psi = pl.stage_params(model, pl.Layout(dp=8), (8,))[0]
+    link = pl.cm.Link("test", 1e9, 0.0)
+    hw = dataclasses.replace(pl.HARDWARE["A100-80GB"], intra=link)
+    for zero in (0, 1):
+        t = pl.predict(model, pl.Layout(dp=8, zero=zero, grad_bytes=4), 64, hw, 0.5,
+                       "full").terms["data parallel"]
+        assert t == pytest.approx(lab07.dp_bytes_per_gpu(psi, 8, zero) / 1e9)
+    for p, v, share in lab07._MB_CASES:
+        m = lab07.fewest_micro_batches(p, v, share)
+        layout = pl.Layout(pp=p, virtual_stages=v)
+        pred = pl.predict(pl.Transformer(2 * p * v, 256, 4, seq_len=128), layout, m, hw, 0.5,
+                          "full")
+        assert pred.bubble_fraction <= share + 1e-9
 
 
 def test_held_out_baseline_is_one_hardware_flop_rate_in_each_rows_convention():
@@ -460,16 +526,53 @@ def test_sources_are_encoded_as_printed():
 
 def test_every_published_layout_is_checked_against_memory():
     """validate() reports whether each layout fits the GPU's usable memory: every row but
-    Llama 3's does; for those the planner's memory model (Megatron's interleaved in-flight
-    count, Korthikanti et al.'s tensors) finds less than 80 GB but more than the usable 71.6."""
+    Llama 3's does. Llama 3's interleaved layout does not under Megatron-LM's in-flight count
+    (the planner's memory model); plain 1F1B (v = 1) would."""
     rows = pub.validate()
     assert all(r["fits"] == (r["memory"] <= pl.usable_memory(pl.get_hardware(r["hardware"])))
                for r in rows)
     assert {r["name"] for r in rows if not r["fits"]} == {"Llama-3-405B"}
-    assert all(r["memory"] < 80e9 for r in rows)
     for r in pub.narayanan2021():
         assert pl.predict(r["model"], r["layout"], r["batch_size"], r["hardware"],
                           recompute="full").fits, r["name"]
+    r = pub.h100_fit_row()
+    plain = dataclasses.replace(r["layout"], virtual_stages=1)
+    assert pl.memory_per_gpu(r["model"], plain, "selective", batch_size=r["batch_size"]) <= \
+        pl.usable_memory(pl.HARDWARE["H100-80GB"])
+
+
+def test_interleaved_memory_is_megatrons_warm_up_count():
+    """Rank i of an interleaved pipeline runs 2 (p - i - 1) + (v - 1) p chunk forwards before its
+    first backward and holds one more (all m v of them if there are no more)."""
+    model = pl.Transformer(32, 1024, 16, seq_len=1024)
+    p, v, m = 4, 2, 8
+    layout = pl.Layout(pp=p, virtual_stages=v)
+    per_layer = pl.layer_activation_bytes(model, layout, "none")
+    stages = layout.layers_per_stage(32)
+    mem = pl.memory_per_stage(model, layout, "none", stages, m)
+    for i in (1, 2):   # middle ranks: no embedding, no logits; layers 8 each
+        chunks = min(m * v, 2 * (p - i - 1) + (v - 1) * p + 1)
+        states = mem[i] - 8 * per_layer * chunks / v
+        assert states == pytest.approx(pl.zero_memory_per_gpu(
+            pl.stage_params(model, layout, stages)[i], 1, 0))
+
+
+def test_data_parallel_traffic_moves_the_gradients_at_their_own_bytes():
+    """fp32 gradients (grad_bytes=4) double an all-reduce's bytes; ZeRO-1 reduce-scatters them
+    and all-gathers bf16 weights."""
+    model = pl.Transformer(8, 1024, 16, seq_len=1024)
+    comm = {(z, g): pl.predict(model, pl.Layout(dp=8, zero=z, grad_bytes=g), 64, "A100-80GB",
+                               0.5, "full").terms["data parallel"]
+            for z in (0, 1) for g in (2, 4)}
+    link = pl.HARDWARE["A100-80GB"].intra
+    psi = pl.stage_params(model, pl.Layout(dp=8), (8,))[0]
+    for g in (2, 4):
+        assert comm[0, g] == pytest.approx(pl.cm.allreduce_time(g * psi, 8, link.alpha,
+                                                                link.beta))
+        assert comm[1, g] == pytest.approx(
+            pl.cm.reduce_scatter_time(g * psi, 8, link.alpha, link.beta)
+            + pl.cm.all_gather_time(2 * psi, 8, link.alpha, link.beta))
+    assert comm[0, 2] == pytest.approx(comm[1, 2])
 
 
 def test_held_out_errors_beat_the_constant_overall_and_for_every_source_with_three_rows():
@@ -481,11 +584,52 @@ def test_held_out_errors_beat_the_constant_overall_and_for_every_source_with_thr
             assert planner < constant, source
 
 
-def test_held_out_errors_reach_issue_30s_target():
-    """At most 8% mean error on the 26 held-out rows, at least 3 points below the constant's
-    (the margin is thin: 7.7% against 10.8%)."""
+def _meets_target(table):
+    n, planner, constant = table["all"]
+    return (planner <= 0.08 and planner <= constant - 0.03
+            and all(p < c for m, p, c in table.values() if m >= 3))
+
+
+def test_held_out_errors_reach_issue_30s_target_at_the_encoded_values_only():
+    """Issue 30's target (mean error <= 8% on the 26 held-out rows, >= 3 points below the
+    constant's, below it for every source with >= 3 rows) over the plausible values of the
+    three unknowns that move the mean by more than half a point. It holds at the encoded values (7.4% against 10.8%), for every
+    MT-NLG micro-batch size, and for Llama 3's v = 8 and 4; it fails at v = 2 (2.999 points
+    below the baseline) and v = 1 (8.4%): the verdict rests on Sec. 3.3.2's reading of v."""
     n, planner, constant = pub.error_table()["all"]
-    assert n == 26 and planner <= 0.08 and planner <= constant - 0.03
+    assert n == 26 and _meets_target(pub.error_table())
+    assert planner == pytest.approx(0.074, abs=0.001) and constant == pytest.approx(0.108,
+                                                                                  abs=0.001)
+    ranges = pub.unknown_ranges()
+    for name, by_value in ranges.items():
+        encoded = next(iter(by_value.values()))[1]["all"]
+        assert encoded[1] == pytest.approx(planner, abs=1e-4), name   # H100 refit, unrounded
+        for value, (eff, table) in by_value.items():   # every source of 3+ rows still beats it
+            assert all(p < c for k, (m, p, c) in table.items() if m >= 3), (name, value)
+    llama = ranges["Llama 3 interleaving depth v"]
+    assert {v: _meets_target(t) for v, (e, t) in llama.items()} == {8: True, 4: True, 2: False,
+                                                                     1: False}
+    assert llama[1][1]["all"][1] == pytest.approx(0.084, abs=0.002)
+    assert {v for v, (e, t) in llama.items() if e is None} == {1, 2}
+    mtnlg = ranges["MT-NLG micro-batch size"]
+    assert all(_meets_target(t) for e, t in mtnlg.values())
+    assert mtnlg[1][1]["smith2022"][1] > 0.15 and mtnlg[2][1]["smith2022"][1] < 0.05
+    megascale = ranges["MegaScale's Megatron-LM micro-batch size"]
+    assert all(_meets_target(t) for e, t in megascale.values())
+    assert set(ranges) == {"Llama 3 interleaving depth v", "MT-NLG micro-batch size",
+                           "MegaScale's Megatron-LM micro-batch size"}
+
+
+def test_every_constant_is_labelled_with_where_it_comes_from():
+    for name in pl.HARDWARE:
+        origins = {k: origin for k, value, origin in pub.constant_origins(name)}
+        assert origins["peak FLOP/s"] == "datasheet"
+        assert origins["efficiency"].startswith(("fitted to", "borrowed from"))
+    a100 = {k: o for k, v, o in pub.constant_origins("A100-80GB")}
+    assert a100["gemm_half_width"].startswith("at its bound")
+    assert a100["link_efficiency"].startswith("at its bound")
+    h100 = {k: o for k, v, o in pub.constant_origins("H100-80GB")}
+    assert h100["gemm_half_width"] == "borrowed from A100-80GB"
 
 
 # ---- issue 30, second pass: recomputation, TP overlap, Llama 3's chunks, GPUs needed --------
@@ -562,8 +706,9 @@ def test_llama3_chunks_may_hold_only_the_embedding_or_the_output():
     s, h = 1024, 1024
     assert (pl.layer_activation_bytes(model, pl.Layout(), "selective")
             - pl.layer_activation_bytes(no_dropout, pl.Layout(), "selective")) == 2 * s * h
-    assert pub.llama3_interleave_range()[pub.LLAMA3_CHUNKS][1] == pytest.approx(
-        next(r["error"] for r in pub.validate() if r["num_gpus"] == 16384), abs=1e-3)
+    v8 = pub.unknown_ranges()["Llama 3 interleaving depth v"][pub.LLAMA3_CHUNKS][1]
+    assert v8["dubey2024"][1] == pytest.approx(
+        abs(next(r["error"] for r in pub.validate() if r["num_gpus"] == 16384)), abs=1e-4)
 
 
 def test_gpus_needed_is_the_fewest_that_finish_with_its_range():
@@ -594,3 +739,17 @@ def test_gpus_needed_is_the_fewest_that_finish_with_its_range():
                                 **kw)["gpus"] is None
     with pytest.raises(ValueError, match="tokens and seconds"):
         capacity.gpus_needed(model, 0, 1.0, "A100-80GB", batch)
+
+
+def test_a_forecasts_range_comes_from_held_out_rows_not_the_fitting_rows():
+    """gpus_needed's efficiency range: the fitted efficiency times the least and the most that
+    any one held-out row needs alone; the fitting rows' own spread does not enter it."""
+    from labutils.cost import capacity
+    ratios = capacity.held_out_efficiency_ratios()
+    assert len(ratios) == 26 and min(ratios) < 1 < max(ratios)
+    low, fitted, high = capacity.efficiency_range("A100-80GB")
+    assert fitted == pl.HARDWARE["A100-80GB"].efficiency
+    assert low == pytest.approx(fitted * min(ratios)) and high == pytest.approx(
+        min(fitted * max(ratios), 1.0))
+    in_sample = pub.in_sample_table()
+    assert in_sample["narayanan2021"][0] == 10 and in_sample["dubey2024"][1] < 1e-3

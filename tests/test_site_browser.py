@@ -1,31 +1,30 @@
-"""The static course site in a real browser, as a class sees it without Wi-Fi: the site built
-from this repository is served on 127.0.0.1 and opened in Debian's headless Chromium (driven by
-Playwright) with every request to another host aborted. Lab 02's formula must be drawn (MathML,
-laid out, no TeX source left in the text) and the Chinese chapter titles must be drawn with
-real glyphs, not the empty boxes a system without a CJK font shows. The Chinese edition (zh/) is
-reached through a lab's language switch and back, and its text is drawn with glyphs too.
-Screenshots of the formula and of the titles are saved under the test's tmp_path.
+"""The course site in a real browser, as a class sees it without Wi-Fi: the site built once per
+session (tests/site_build.py, `make site`'s mkdocs build) is served on 127.0.0.1 and opened in
+Debian's headless Chromium (driven by Playwright) with every request to another host aborted.
+Lab 02's formula must be drawn (MathML, laid out, no TeX source left in the text); Chinese titles
+must be drawn with real glyphs, not the empty boxes a system without a CJK font shows; the
+header's language switch leads from a lab to the same lab in Chinese and back; the search box
+finds a lab by a word of its own; a handout printed shows no sidebar, header or search. The
+landing page is shot at a projector's 1,024 px. Screenshots are saved under the test's tmp_path.
 
 `make test` installs /usr/bin/chromium and a Chinese font (mk/ui.mk) first; Playwright never
 downloads a browser. Without Chromium the tests fail and say how to install it, unless
 SKIP_BROWSER=1 asks explicitly to skip them."""
 import functools
 import http.server
-import importlib.util
 import re
 import shutil
 import subprocess
 import threading
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 
 from .browser import CHROMIUM, require_chromium
+from .site_build import course_site
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.lab01]
 
-ROOT = Path(__file__).resolve().parent.parent
 ARGS = ["--no-sandbox", "--disable-background-networking", "--disable-gpu",
         "--disable-component-update", "--disable-sync", "--no-first-run"]
 TEX_LEFT = re.compile(r"\$[^$\n]*\\[A-Za-z]+[^$\n]*\$|\\\(|\\\[|\\begin\{|\\varepsilon")
@@ -53,11 +52,8 @@ DRAWN_AS_BOX = """([element, chars]) => {
 def site_url(tmp_path_factory):
     """The course site, built from this repository, on http://127.0.0.1:PORT/."""
     require_chromium()
-    spec = importlib.util.spec_from_file_location("build_site", ROOT / "tools" / "build_site.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    site = tmp_path_factory.mktemp("site")
-    assert tool.build_site(ROOT, site) == []
+    site, run = course_site(tmp_path_factory)
+    assert run.returncode == 0, f"mkdocs build failed:\n{run.stderr[-6000:]}"
 
     class Quiet(http.server.SimpleHTTPRequestHandler):
         def log_message(self, *args):  # one line per request would bury pytest's report
@@ -78,7 +74,7 @@ def page(site_url):
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1200, "height": 900})
+            page = browser.new_page(viewport={"width": 1024, "height": 768})
             page.blocked = []
 
             def offline(route):
@@ -94,9 +90,18 @@ def page(site_url):
             browser.close()
 
 
+def assert_drawn_with_glyphs(page, element, what):
+    chars = sorted(set(CJK.findall(element.inner_text())))
+    assert chars, f"{what} has no Chinese characters to check"
+    boxes = page.evaluate(DRAWN_AS_BOX, [element.element_handle(), chars])
+    assert boxes == [], (f"{''.join(boxes)} in {what} drawn as missing-glyph boxes: no Chinese "
+                         f"font. `make test` installs one (Debian: sudo apt-get install "
+                         f"fonts-wqy-microhei)")
+
+
 def test_formula_is_drawn_offline(page, site_url, tmp_path):
     page.goto(site_url + "notebooks/02_pytorch_essentials.html", wait_until="load")
-    formula = page.locator("math").first
+    formula = page.locator(".md-content math").first
     formula.wait_for(state="visible")
     box = formula.bounding_box()
     assert box and box["width"] > 20 and box["height"] > 5, f"formula not laid out: {box}"
@@ -111,50 +116,75 @@ def test_formula_is_drawn_offline(page, site_url, tmp_path):
     assert page.blocked == [], f"the page tried to load from the internet: {page.blocked}"
 
 
-@pytest.mark.parametrize("name", ["07_conclusion_outlook", "02_pytorch_essentials"])
-def test_chinese_title_is_drawn_with_glyphs(page, site_url, tmp_path, name):
-    page.goto(f"{site_url}notebooks/{name}.html", wait_until="load")
-    title = page.locator("h1").first
-    chars = sorted(set(CJK.findall(title.inner_text())))
-    assert chars, f"{name}'s title has no Chinese characters to check"
-    title.screenshot(path=str(tmp_path / f"{name}-title.png"))
-    boxes = page.evaluate(DRAWN_AS_BOX, [title.element_handle(), chars])
-    assert boxes == [], (f"{''.join(boxes)} in {name}'s title drawn as missing-glyph boxes: no "
-                         f"Chinese font. `make test` installs one (Debian: sudo apt-get install "
-                         f"fonts-wqy-microhei)")
+@pytest.mark.parametrize("path", ["notebooks/07_conclusion_outlook.html",
+                                  "zh/notebooks/02_pytorch_essentials.html"])
+def test_chinese_title_is_drawn_with_glyphs(page, site_url, tmp_path, path):
+    page.goto(site_url + path, wait_until="load")
+    title = page.locator(".md-content h1").first
+    title.screenshot(path=str(tmp_path / f"{path.replace('/', '-')}-title.png"))
+    assert_drawn_with_glyphs(page, title, f"{path}'s title")
     fonts = subprocess.run(["fc-list", ":lang=zh", "family"], capture_output=True, text=True,
                            timeout=60).stdout.strip() if shutil.which("fc-list") else ""
     assert fonts, "glyphs drawn, yet fc-list :lang=zh lists no Chinese font"
     assert page.blocked == [], f"the page tried to load from the internet: {page.blocked}"
 
 
-def assert_drawn_with_glyphs(page, element, what):
-    chars = sorted(set(CJK.findall(element.inner_text())))
-    assert chars, f"{what} has no Chinese characters to check"
-    boxes = page.evaluate(DRAWN_AS_BOX, [element.element_handle(), chars])
-    assert boxes == [], f"{''.join(boxes)} in {what} drawn as missing-glyph boxes: no Chinese font"
+def switch_language(page, hreflang):
+    page.locator(".md-header__option .md-select > button").click()  # the header's menu
+    page.locator(f'a.md-select__link[hreflang="{hreflang}"]').click()
 
 
 def test_language_switch_goes_both_ways_and_chinese_is_drawn(page, site_url, tmp_path):
-    """The Chinese edition (zh/): from an English lab its switch leads to the same lab in
-    Chinese, whose title, bar and prose are drawn with glyphs, and back; the Chinese index too."""
+    """From an English lab the header's switch leads to the same lab in Chinese (zh/), whose
+    title and sidebar are drawn with glyphs, and back; the Chinese landing page too."""
     name = "03d_communication_challenges"
     page.goto(f"{site_url}notebooks/{name}.html", wait_until="load")
-    page.locator("a.lu-lang").click()
+    switch_language(page, "zh")
     page.wait_for_url(f"**/zh/notebooks/{name}.html")
-    assert page.locator("html").get_attribute("lang") == "zh-CN"
-    assert_drawn_with_glyphs(page, page.locator("h1").first, f"zh/{name}'s title")
-    assert_drawn_with_glyphs(page, page.locator("nav.lu-nav a").first, "the Chinese lab bar")
-    language_cell = page.locator(".jp-CodeCell", has_text="set_language").first
-    assert_drawn_with_glyphs(page, language_cell, "the language cell's comment")
+    assert page.locator("html").get_attribute("lang") == "zh"
+    assert_drawn_with_glyphs(page, page.locator(".md-content h1").first, f"zh/{name}'s title")
+    sidebar = page.locator(".md-sidebar--primary .md-nav__item--section > label").first
+    assert_drawn_with_glyphs(page, sidebar, "the Chinese sidebar's section")
     page.screenshot(path=str(tmp_path / f"zh-{name}.png"))
-    page.locator("a.lu-lang").click()
+    switch_language(page, "en")
     page.wait_for_url(f"**/notebooks/{name}.html")
     assert "/zh/" not in page.url
 
     page.goto(f"{site_url}zh/index.html", wait_until="load")
-    assert_drawn_with_glyphs(page, page.locator("h1").first, "the Chinese index's title")
-    assert page.locator("table a").count() >= 1  # the course map's labs
-    page.locator("a.lu-lang").click()
-    page.wait_for_url(site_url + "index.html")
+    assert_drawn_with_glyphs(page, page.locator(".md-content h1").first, "the Chinese landing")
+    assert page.locator(".md-content ol li a").count() >= 20  # the labs, in order
+    assert page.blocked == [], f"the page tried to load from the internet: {page.blocked}"
+
+
+def test_search_finds_a_lab_by_its_own_word(page, site_url):
+    page.goto(site_url + "index.html", wait_until="load")
+    query = page.locator("input.md-search__input")
+    if not query.is_visible():  # narrow screens: the search opens from the header's button
+        page.locator('label.md-header__button[for="__search"]').first.click()
+    query.fill("Hogwild")
+    result = page.locator(".md-search-result__item a").first
+    result.wait_for(state="visible")
+    hrefs = page.locator(".md-search-result__item a").evaluate_all(
+        "links => links.map(a => a.getAttribute('href'))")
+    assert any("03b_sync_async_sgd" in href for href in hrefs), hrefs
+    assert page.blocked == [], f"the page tried to load from the internet: {page.blocked}"
+
+
+def test_landing_reads_at_1024_px_and_a_handout_prints_without_the_site_around_it(
+        page, site_url, tmp_path):
+    page.goto(site_url + "index.html", wait_until="load")
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1024  # no sideways scroll
+    labs = page.locator(".md-content ol > li")
+    assert labs.count() >= 20 and "make lab" in page.locator(".md-content").inner_text()
+    page.screenshot(path=str(tmp_path / "landing-1024.png"))
+
+    page.goto(site_url + "handouts/04a_ddp_from_scratch.html", wait_until="load")
+    assert page.locator(".md-sidebar--primary").is_visible()
+    page.emulate_media(media="print")
+    for part in (".md-header", ".md-sidebar--primary", ".md-sidebar--secondary", ".md-footer"):
+        assert not page.locator(part).first.is_visible(), f"{part} is printed on the handout"
+    assert page.locator(".md-content img").first.is_visible()  # a key figure
+    assert page.locator(".lu-page-break").first.evaluate(
+        "e => getComputedStyle(e).breakBefore") == "page"
+    page.pdf(path=str(tmp_path / "handout-04a.pdf"))
     assert page.blocked == [], f"the page tried to load from the internet: {page.blocked}"

@@ -117,9 +117,9 @@ def _stub(x):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("answer, verdict", checker_cases(lambda x: S.sync_batch_stats(x)[:2], {
-    "mean_of_means": (_mean_of_means, ("key 'mean'", "mean of ranks' means", "unequal batch")),
-    "local_only": (_local_only, ("key 'mean'", "this rank's only", "all-reduce")),
-    "unbiased": (_unbiased, ("key 'variance'", "unbiased (n-1)", "divides by n")),
+    "mean_of_means": (_mean_of_means, ("for 'mean'", "mean of ranks' means", "unequal batch")),
+    "local_only": (_local_only, ("for 'mean'", "this rank's only", "all-reduce")),
+    "unbiased": (_unbiased, ("for 'variance'", "unbiased (n-1)", "divides by n")),
     "stub": (_stub, "not implemented"),
 }))
 def test_checker_accepts_reference_and_rejects_mistakes(answer, verdict):

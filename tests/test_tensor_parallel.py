@@ -302,7 +302,7 @@ _ANSWERS = {
     "g_averages": (_pair(_same, _sum, _mean, _same), "g's forward averages"),
     "g_backward_reduces": (_pair(_same, _sum, _sum, _sum), "g's backward all-reduces"),
     "f_forward_reduces": (_pair(_sum, _sum, _sum, _same), "f's forward all-reduces"),
-    "scaled": (_pair(_same, lambda t: 3 * _sum(t), _sum, _same), "key 'f backward': element"),
+    "scaled": (_pair(_same, lambda t: 3 * _sum(t), _sum, _same), "for 'f backward', element"),
     "stub": (_pair(_stub, _stub, _stub, _stub), "not implemented yet"),
 }
 

@@ -1,6 +1,7 @@
 """torchrun: the 04b training script with a killed worker restarts and finishes from the last
 checkpoint with exactly the weights of an undisturbed run; the README's multi-node command,
-run as two nodes on this machine, trains exactly as ``lu.launch`` does. No port is picked
+run as two nodes on this machine, trains exactly as ``lu.launch`` does, and so does 06e's
+composed step (README, "Running the composed lab on a cluster"). No port is picked
 before it is bound: ``--standalone`` binds port 0 in torchrun's own store, and the two nodes'
 rendezvous store listens here, on 127.0.0.1 port 0."""
 import os
@@ -49,13 +50,13 @@ def test_killed_worker_restarts_and_matches_undisturbed_run(tmp_path):
 
 # ---- two nodes: the README's multi-node command, run as two torchrun agents on this machine --
 
-def _readme_multinode_command():
-    """The command between the README's multinode markers, as one line."""
+def _readme_multinode_command(marker="multinode"):
+    """The command between the README's ``marker`` markers, as one line."""
     import re
     with open(os.path.join(ROOT, "README.md")) as f:
         text = f.read()
-    block = re.search(r"<!-- multinode:start -->\n(.*?)<!-- multinode:end -->", text, re.S)
-    assert block, "README.md lost its <!-- multinode:start/end --> block"
+    block = re.search(rf"<!-- {marker}:start -->\n(.*?)<!-- {marker}:end -->", text, re.S)
+    assert block, f"README.md lost its <!-- {marker}:start/end --> block"
     return " ".join(line.strip().rstrip("\\").strip() for line in block.group(1).splitlines())
 
 
@@ -66,6 +67,30 @@ def _loopback_store():
         sock.listen(128)
         return TCPStore("127.0.0.1", sock.getsockname()[1], is_master=True,
                         wait_for_workers=False, master_listen_fd=sock.detach())
+
+
+def _run_two_agents(words, tmp_path, result_name):
+    """Run the README command ``words`` as two torchrun agents on this machine (node ranks 0
+    and 1, rendezvous on a loopback store); return what global rank 0 saved."""
+    store = _loopback_store()
+    port = store.port
+    procs = []
+    for node in (0, 1):
+        cmd = [sys.executable, "-m", "torch.distributed.run"]
+        for w in words[1:]:
+            w = w.replace("HOST:29400", f"127.0.0.1:{port}")
+            w = "--node-rank=1" if w == "--node-rank=0" and node == 1 else w
+            cmd.append(str(tmp_path / f"node{node}.pt") if w == result_name else w)
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    for node, (p, out) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0, f"node {node}:\n{out[-3000:]}"
+    # only global rank 0 saves; c10d rendezvous gives it to whichever agent joined first
+    saved = [tmp_path / f"node{n}.pt" for n in (0, 1) if (tmp_path / f"node{n}.pt").exists()]
+    assert len(saved) == 1, saved
+    return torch.load(saved[0], weights_only=False)
 
 
 @pytest.mark.lab04b
@@ -82,26 +107,39 @@ def test_two_nodes_with_c10d_rendezvous_match_launch(tmp_path):
     # taken in between, and a TCPStore that binds by itself listens on every interface (::).
     # Both agents find 127.0.0.1:port taken and join it as clients (torch's c10d backend tries
     # to host an endpoint of this machine, then falls back to joining it).
-    store = _loopback_store()
-    port = store.port
-    procs = []
-    for node in (0, 1):
-        cmd = [sys.executable, "-m", "torch.distributed.run"]
-        for w in words[1:]:
-            w = w.replace("HOST:29400", f"127.0.0.1:{port}")
-            w = "--node-rank=1" if w == "--node-rank=0" and node == 1 else w
-            cmd.append(str(tmp_path / f"node{node}.pt") if w == "result.pt" else w)
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
-        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
-    outs = [p.communicate(timeout=300)[0] for p in procs]
-    for node, (p, out) in enumerate(zip(procs, outs)):
-        assert p.returncode == 0, f"node {node}:\n{out[-3000:]}"
-    # only global rank 0 saves; c10d rendezvous gives it to whichever agent joined first
-    saved = [tmp_path / f"node{n}.pt" for n in (0, 1) if (tmp_path / f"node{n}.pt").exists()]
-    assert len(saved) == 1, saved
-    two_nodes = torch.load(saved[0], weights_only=False)
+    two_nodes = _run_two_agents(words, tmp_path, "result.pt")
     launched = lu.launch(train.train_worker, steps=20, world_size=2, threads_per_rank=1)[0]
     assert two_nodes.losses == launched.losses
     for name, value in launched.state_dict.items():
         assert torch.equal(two_nodes.state_dict[name], value), name
+
+
+@pytest.mark.lab06e
+@pytest.mark.slow
+def test_composed_worker_on_two_nodes_matches_launch(tmp_path):
+    """06e's dp=2 x tp=2 x pp=2 step, as the README's cluster command: two agents of 4 ranks,
+    the mesh spanning both (each holds one pipeline stage), equal to lu.launch rank by rank
+    and to one process."""
+    import shlex
+
+    import labutils as lu
+    from labutils.experiments import composed_runs as C
+    from labutils.parallel.composed import composed_worker
+    words = shlex.split(_readme_multinode_command("composed-multinode"))
+    assert words[0] == "torchrun" and "--nproc-per-node=4" in words
+    two_nodes = _run_two_agents(words, tmp_path, "composed.pt")
+    dims = two_nodes.dims
+    assert dims == lu.parallel_dims.ParallelDims(dp=2, tp=2, pp=2)
+    assert len(two_nodes.ranks) == 8
+    x, y = C.make_batch()
+    launched = lu.launch(composed_worker, dims, x, y, world_size=8, threads_per_rank=1,
+                         warn_oversubscription=False)
+    for rank, (ours, theirs) in enumerate(zip(two_nodes.ranks, launched)):
+        assert ours["coords"] == theirs["coords"] == dims.coords(rank).as_dict()
+        assert ours["losses"] == theirs["losses"], rank
+        for what in ("grads", "params"):
+            assert ours[what].keys() == theirs[what].keys()
+            for name, value in theirs[what].items():
+                assert torch.equal(ours[what][name], value), (rank, what, name)
+    C.assert_equal_to_one_process(two_nodes.ranks, dims)
+    assert two_nodes.losses() == pytest.approx(C.reference_train(x, y)["losses"], rel=1e-9)

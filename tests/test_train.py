@@ -135,9 +135,9 @@ PLAIN_AVERAGE = ["a plain average over-weights the smaller shard", "depends on t
 
 @pytest.mark.slow
 @pytest.mark.parametrize("answer, verdict", checker_cases(lab03c.shard_batch, {
-    "chunk_without_weight": (chunk_without_weight, ["key 'loss weight'", *PLAIN_AVERAGE]),
+    "chunk_without_weight": (chunk_without_weight, ["for 'loss weight'", *PLAIN_AVERAGE]),
     "drops_the_remainder": (drops_the_remainder, "sample 6 on no rank"),
-    "strided_without_weight": (strided_without_weight, ["key 'loss weight'", *PLAIN_AVERAGE]),
+    "strided_without_weight": (strided_without_weight, ["for 'loss weight'", *PLAIN_AVERAGE]),
     "weight_too_large": (weight_too_large, "2: too large for 4 of 7 samples on 2 ranks"),
     "delegates_the_weight": (delegates_the_weight, "calls the library's shard_weight"),
     "delegates_the_answer": (lambda b, r, w: train.shard_batch(b, r, w), "library's shard_batch"),

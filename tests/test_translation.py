@@ -5,7 +5,7 @@ has a catalog and a Chinese notebook; each committed Chinese notebook is what th
 English code. On a copy of the repository: a one-word English edit makes one cell fuzzy, which
 warns (with its English diff) and fails only `check --release` / `make release`; a Chinese-only
 change keeps the stored outputs; changed code with unchanged comments carries its Chinese over.
-The stored outputs show no missing-glyph warning; `make lab LANG=zh` finds its settings and
+The stored outputs show no missing-glyph warning; `make lab EDITION=zh` finds its settings and
 language pack. Processes are started only by the tests marked slow."""
 import importlib.metadata
 import importlib.util
@@ -314,7 +314,7 @@ def test_stored_outputs_show_no_missing_glyph_warning(lab):
 
 
 def test_chinese_jupyterlab_settings_and_language_pack():
-    """`make lab LANG=zh` points JUPYTERLAB_SETTINGS_DIR at a copy of this setting; the pack
+    """`make lab EDITION=zh` points JUPYTERLAB_SETTINGS_DIR at a copy of this setting; the pack
     (requirements.txt) registers the zh_CN locale that JupyterLab's server looks up."""
     assert json.loads(SETTINGS.read_text(encoding="utf-8")) == {"locale": "zh_CN"}
     packs = importlib.metadata.entry_points(group="jupyterlab.languagepack")
@@ -327,25 +327,36 @@ def test_chinese_jupyterlab_settings_and_language_pack():
 
 
 @pytest.mark.slow
-def test_make_lab_lang_zh_opens_the_chinese_edition_with_a_valid_locale():
-    """`make -n` prints the commands: LANG=zh selects the Chinese copies (my-labs/zh, made from
-    notebooks/zh) and the Chinese settings, and Jupyter gets a real locale (C.UTF-8), not
-    LANG=zh; plain `make lab` stays English."""
+def test_make_lab_edition_is_chosen_only_by_an_explicit_setting():
+    """`make -n` prints the commands: EDITION=zh (or the literal LANG=zh, no locale) selects the
+    Chinese copies (my-labs/zh, made from notebooks/zh) and the Chinese settings, and Jupyter gets
+    a real locale (C.UTF-8), not LANG=zh; plain `make lab` stays English, also where the locale
+    is Chinese (zh_CN.UTF-8 in the environment or on the command line)."""
     import subprocess
 
-    def dry_run(*args):
-        return subprocess.run(["make", "-n", "lab", *args], cwd=ROOT, capture_output=True,
+    def dry_run(*args, lang="C.UTF-8"):
+        return subprocess.run(["make", "-n", *(args or ("lab",))], cwd=ROOT, capture_output=True,
                               text=True, timeout=60, env={"PATH": "/usr/bin:/bin",
-                                                          "LANG": "C.UTF-8"}).stdout
-    zh_run = dry_run("LANG=zh")
-    launch = zh_run[zh_run.index("jupyter lab") - 200:]
-    assert "LANG=C.UTF-8 " in launch and "LANG=zh " not in launch
-    assert "JUPYTERLAB_SETTINGS_DIR=" in launch and "root_dir=my-labs/zh" in launch
-    assert "plugin.jupyterlab-settings" in zh_run  # copied for this launch
-    assert "student_copies.py sync --edition zh" in zh_run
-    en_run = dry_run()
-    assert "JUPYTERLAB_SETTINGS_DIR" not in en_run and "root_dir=my-labs " in en_run
-    assert "student_copies.py sync --edition en" in en_run
+                                                          "LANG": lang}).stdout
+
+    def assert_english(run):
+        assert "JUPYTERLAB_SETTINGS_DIR" not in run and "root_dir=my-labs " in run
+        assert "student_copies.py sync --edition en" in run
+
+    for zh_run in (dry_run("lab", "EDITION=zh"), dry_run("lab", "LANG=zh"),
+                   dry_run("lab", "EDITION=zh", lang="zh_CN.UTF-8")):
+        launch = zh_run[zh_run.index("jupyter lab") - 200:]
+        assert "LANG=zh " not in launch
+        assert "JUPYTERLAB_SETTINGS_DIR=" in launch and "root_dir=my-labs/zh" in launch
+        assert "plugin.jupyterlab-settings" in zh_run  # copied for this launch
+        assert "student_copies.py sync --edition zh" in zh_run
+    assert "LANG=C.UTF-8 " in dry_run("lab", "LANG=zh")
+    assert_english(dry_run())
+    assert_english(dry_run(lang="zh_CN.UTF-8"))
+    assert_english(dry_run("lab", "LANG=zh_CN.UTF-8"))
+    assert_english(dry_run("lab", "LANG=zh_TW.UTF-8"))
+    assert "reset --edition zh 04a" in dry_run("reset", "EDITION=zh", "LAB=04a")
+    assert "reset --edition en 04a" in dry_run("reset", "LAB=04a", lang="zh_CN.UTF-8")
 
 
 def test_carry_keeps_the_chinese_of_unchanged_comments_and_strings_on_changed_code():
@@ -358,3 +369,56 @@ def test_carry_keeps_the_chinese_of_unchanged_comments_and_strings_on_changed_co
     # a comment or string the old English did not have is left for a translator
     assert zh.carry_code(old_en, old_zh, "x = 1  # a new comment\n") is None
     assert zh.carry_code(old_en, old_zh, "x = 'another sentence here'\n") is None
+
+
+def _english_tool():
+    spec = importlib.util.spec_from_file_location("zh_english", ROOT / "tools" / "zh_english.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_english_scan_finds_sentences_and_passes_code_names_and_units():
+    """tools/zh_english.py (run by `make release`): an English sentence in a Chinese output
+    counts; code, quoted names, identifiers, paths, product and paper names, units and the
+    messages of PyTorch itself do not."""
+    scan = _english_tool()
+    english = ["On this run one flat buffer was faster than one all-reduce per tensor.",
+               "link       variant         step ms  speedup (of medians)  floor that binds",
+               "compute only: 43.2 ms per step", "With the straggler, parameter server was 快于 sync"]
+    for line in english:
+        assert scan.english_sentences(line), line
+    chinese = ["本次运行中，环形快于递归倍增：0.254 倍（95% 置信区间 0.17-0.41，27 个配对回合）",
+               "rank 0 发送了 12288 bytes，rank 1 接收了 4 MiB",
+               "配置「2 ranks, 1 thread each」的计算快于配置「1 rank, 1 thread」",
+               "调用 `dist.all_reduce(tensor, op=ReduceOp.SUM)` 与 torch.distributed.pipelining",
+               "ValueError: SyncBatchNorm expected input tensor to be on GPU or XPU",
+               "Mann-Whitney 检验 p=0.17；PyTorch 的 DeviceMesh 与 Megatron", "ring  1.5  GB/s",
+               "一个 rank 在 (pp, dp, cp, tp) 网格上的坐标",
+               "检查点 <ckpt_dir>/step_000012 已损坏：rank_1.pt 有 N 字节"]
+    for line in chinese:
+        assert scan.english_sentences(line) == [], line
+
+
+def test_the_english_scan_skips_listings_figures_and_widgets():
+    scan = _english_tool()
+    sentence = "the last worker sent most of the gradients\n"
+
+    def cell(source, *outputs):
+        return {"cell_type": "code", "source": source, "outputs": list(outputs)}
+    nb = {"cells": [
+        cell("lu.show_source(A.worker)", {"output_type": "stream", "text": sentence}),
+        cell("plt.show()", {"output_type": "display_data",
+                            "data": {"image/png": "...", "text/plain": "<Figure size 640x480>"}}),
+        cell("panel", {"output_type": "display_data", "data": {
+            "application/vnd.jupyter.widget-view+json": {}, "text/plain": sentence}}),
+        cell("print(x)", {"output_type": "stream", "text": "最后一个工作进程\n" + sentence}),
+        cell("show(y)", {"output_type": "display_data", "data": {"text/html": f"<b>{sentence}</b>"}}),
+        {"cell_type": "markdown", "source": sentence}]}
+    assert [(index, line) for index, line, _ in scan.scan_notebook(nb)] == [
+        (3, sentence.strip()), (4, sentence.strip())]
+
+
+def test_make_release_runs_the_english_scan():
+    release = (ROOT / "Makefile").read_text().split("\nrelease:", 1)[1].split("\n\n", 1)[0]
+    assert "tools/zh_english.py" in release

@@ -1,11 +1,12 @@
 """Students' working copies of the labs, so that a run or an exercise never touches notebooks/.
 
-`make lab` opens JupyterLab on ``my-labs/`` (``my-labs/zh/`` for the Chinese edition), a
-git-ignored folder with the same layout as ``notebooks/``: each lab is copied there on first use,
-with its outputs cleared (students run it; the executed reference stays in ``notebooks/``, which
-nbval checks and the site shows). A copy that exists is never overwritten, so a student's edits
+`make lab` opens JupyterLab on ``my-labs/`` (``my-labs/zh/`` for the Chinese edition,
+``make lab EDITION=zh``), a git-ignored folder with the same layout as ``notebooks/``: each lab
+is copied there on first use, with its outputs cleared (students run it; the executed reference
+stays in ``notebooks/``, which nbval checks and the site shows). A copy that exists is never overwritten, so a student's edits
 and saved outputs survive ``git pull``; a lab added later is copied the next time.
-``make reset`` (or ``make reset LAB=04a_ddp_from_scratch``) restores copies from the reference.
+``make reset`` (or ``make reset LAB=04a_ddp_from_scratch``; ``EDITION=zh``: the Chinese copies)
+restores copies from the reference.
 
     python tools/student_copies.py sync  [--edition en|zh] [--dest DIR]
     python tools/student_copies.py reset [--edition en|zh] [--dest DIR] [LAB ...]

@@ -13,6 +13,7 @@ import copy
 import re
 from urllib.parse import urlsplit
 
+import codewrap
 import polib
 from zh_code import carry_code, code_difference, code_key, source
 
@@ -78,7 +79,7 @@ def cell_text(cell: dict, entry) -> str:
     else:
         text = (entry.previous_msgid is not None
                 and carry_code(entry.previous_msgid, entry.msgstr, src, partial=True)) or src
-    return _with_notice(text, kind, fuzzy=True)
+    return _with_notice(codewrap.wrap(text)[0], kind, fuzzy=True)  # 90 characters a line
 
 
 def notebook(en_nb: dict, po: polib.POFile, lab_names: set[str], old: dict | None = None) -> dict:

@@ -4,7 +4,8 @@ Every ``tr("English template", ...)`` call in ``labutils/<package>/`` has its en
 ``labutils/<package>/locale/zh.po`` (Babel's extractor finds the calls: keyword ``tr``); a
 template that several packages use lives in the lowest one (``course.LAYERS``), so each
 template has one entry. The course map's text (``course.markdown_table``: its header, each
-lab's ``shows`` and ``device``) is in ``labutils/locale/zh.po`` under ``msgctxt "course map"``.
+lab's ``chapter``, ``shows`` and ``device``) is in ``labutils/locale/zh.po`` under
+``msgctxt "course map"``.
 ``core/i18n.py`` reads the catalogs with polib when it is imported: no compiled .mo to keep in
 step, and the forkserver's ranks inherit the loaded table.
 
@@ -80,7 +81,8 @@ def catalog_path(package: str) -> Path:
 def course_texts() -> list[str]:
     sys.path.insert(0, str(ROOT))
     from labutils import course
-    texts = [*course.HEADER, course.COMING, *(lab.shows for lab in course.LABS),
+    texts = [*course.HEADER, course.COMING, *(lab.chapter for lab in course.LABS),
+             *(lab.shows for lab in course.LABS),
              *(lab.device for lab in course.LABS)]
     return list(dict.fromkeys(texts))
 

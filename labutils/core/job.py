@@ -264,7 +264,7 @@ class _Job:
             stacks[r] = text.split("\n", 1)[1] if "\n" in text else text
             parts.append(f"rank {r} {_summarise_stack(_main_stack(text))}")
         return LaunchTimeout(tr("launch timed out after {timeout:g} s; still running: {stuck}",
-                                timeout=self.timeout, stuck="; ".join(parts)),
+                                timeout=self.timeout, stuck=tr("; ").join(parts)),
                              rank=stuck[0] if stuck else None, stacks=stacks, stuck=parts)
 
     def _read_stack_dump(self, rank, wait=2.0):

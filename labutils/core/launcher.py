@@ -82,6 +82,14 @@ def _env_threads():
     return n if n >= 1 else None
 
 
+def default_threads(world_size):
+    """The intra-op threads each of ``world_size`` ranks gets when ``launch`` is not told:
+    ``OMP_NUM_THREADS`` if set, else an equal share of the cores (at least 1). A one-process
+    baseline that should use the same cores as ``world_size`` ranks runs
+    ``world_size * default_threads(world_size)`` threads."""
+    return _env_threads() or max(1, cpu_count() // world_size)
+
+
 def resolve_backend(backend, world_size):
     """'auto' means nccl when every rank can have its own GPU, gloo otherwise."""
     if backend != "auto":
@@ -119,7 +127,7 @@ def launch(fn, *args, world_size=2, backend="auto", timeout=120.0, threads_per_r
     _check_inputs(fn, world_size, backend, timeout, threads_per_rank)
     backend = resolve_backend(backend, world_size)
     cores = cpu_count()
-    threads = threads_per_rank or _env_threads() or max(1, cores // world_size)
+    threads = threads_per_rank or default_threads(world_size)
     job = _Job(fn, args, kwargs, world_size, backend, float(timeout), threads)
     if warn_oversubscription and world_size > cores:
         message = tr("{world_size} ranks on {cores} cores: ranks will share cores "

@@ -97,6 +97,20 @@ class Comparison:
             return tr("slower than") if more is None else more
         return tr("not measurably different from")
 
+    def sentence(self, a, b):
+        """The verdict as one whole sentence about time, ``a`` and ``b`` the two things'
+        names: "On this run A was faster than B: 0.75x (95% CI ...)". Each outcome is its own
+        template, so a translation can order the words as its language needs (Chinese puts
+        "not measurably different" after both names: 「A 与 B 差异不显著」), which ``word``,
+        one fragment between the names, cannot."""
+        ratio = self.fmt()
+        if self.resolved and self.ratio < 1:
+            return tr("On this run {a} was faster than {b}: {ratio}", a=a, b=b, ratio=ratio)
+        if self.resolved and self.ratio > 1:
+            return tr("On this run {a} was slower than {b}: {ratio}", a=a, b=b, ratio=ratio)
+        return tr("On this run {a} and {b} were not measurably different: {ratio}", a=a, b=b,
+                  ratio=ratio)
+
     def equivalent(self, margin):
         """The data show a and b within ``margin`` of each other (e.g. 0.1 for 10%): the whole
         95% interval lies inside [1 - margin, 1 + margin]. Two one-sided tests at 5% each need

@@ -1,8 +1,9 @@
 """How many GPUs a training run needs: the planner's ``search`` at growing GPU counts until
 the fastest layout trains a token budget within a time limit (07). The answer carries the
-uncertainty of the planner's least certain input, its efficiency: the GPU counts the search
-gives at the lowest and the highest efficiency that the fitting rows needed one at a time
-(the rule is in data/published/README.md).
+uncertainty of the planner's least certain input, its efficiency, taken out of sample: the
+efficiency each held-out published row needs to be reproduced alone, as a ratio to its GPU's
+fitted value (the rule is in data/published/README.md); the GPU counts and times the search
+gives at the lowest and the highest of those.
 """
 from __future__ import annotations
 
@@ -10,18 +11,32 @@ from labutils.cost import planner as pl
 from labutils.cost import published as pub
 
 
+def held_out_efficiency_ratios():
+    """For every held-out 2022-2024 row, the efficiency that reproduces it alone over its GPU's
+    fitted efficiency (1: the fit reproduces it). A row that no efficiency up to 100% of peak
+    reproduces is left out."""
+    out = []
+    for r in pub.runs_2022_2024():
+        hw = pl.get_hardware(r["hardware"])
+        if pub.validate([r])[0]["fitted"]:
+            continue
+        try:
+            eff = pl.calibrate(r["model"], r["layout"], r["batch_size"], hw,
+                               r["published"] * hw.peak_flops, convention=r["metric"],
+                               recompute=r["recompute"], dp_overlap=r["dp_overlap"])
+        except ValueError:
+            continue
+        out.append(eff / hw.efficiency)
+    return out
+
+
 def efficiency_range(hardware):
-    """(low, fitted, high) efficiency of ``hardware``: the least and the most that any of
-    Narayanan et al.'s ten A100 rows needs when calibrated alone, as a ratio to the A100's fit,
-    times ``hardware``'s fitted efficiency (the H100 and V100 have one fitting row each, so no
-    spread of their own: they borrow the A100's)."""
+    """(low, fitted, high) efficiency of ``hardware``: its fitted efficiency times the least and
+    the most of ``held_out_efficiency_ratios`` (every GPU's rows pooled: the H100 has one
+    held-out row, the V100 none), the high end capped at 100% of peak."""
     hw = pl.get_hardware(hardware)
-    a100 = pl.get_hardware("A100-80GB")
-    alone = [pl.calibrate(r["model"], r["layout"], r["batch_size"], a100,
-                          r["tflops_per_gpu"] * 1e12, convention="hardware", recompute="full")
-             for r in pub.narayanan2021()]
-    low, high = min(alone) / a100.efficiency, max(alone) / a100.efficiency
-    return hw.efficiency * low, hw.efficiency, min(hw.efficiency * high, 1.0)
+    ratios = held_out_efficiency_ratios()
+    return hw.efficiency * min(ratios), hw.efficiency, min(hw.efficiency * max(ratios), 1.0)
 
 
 def node_counts(hardware, largest=65536):

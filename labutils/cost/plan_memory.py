@@ -71,12 +71,16 @@ def memory_per_stage(model, layout, mode, stages, m, bytes_per_value=2):
     full_layer = layer_activation_bytes(model, layout, "none")
     working = {"none": 0.0, "full": full_layer,
                "selective": full_layer - layer_activation_bytes(model, layout, "selective")}[mode]
-    interleave = 1 + (L.pp - 1) / (L.pp * L.virtual_stages) if L.virtual_stages > 1 else 1.0
+    p, v = L.pp, L.virtual_stages
     group = L.dp * L.context_parallel
     out = []
     for i, (n, params, experts) in enumerate(zip(stages, stage_params(model, layout, stages),
                                                  stage_expert_params(model, layout, stages))):
-        in_flight = min(L.pp - i, m) * interleave       # 1F1B: rank i holds p - i micro-batches
+        # 1F1B: rank i holds p - i micro-batches. Interleaved (Megatron-LM): it runs
+        # 2 (p - i - 1) + (v - 1) p warm-up forwards of one chunk (1/v of its layers) before its
+        # first backward, all m v of them if there are no more, and holds one more
+        in_flight = (min(p - i, m) if v == 1
+                     else min(m * v, 2 * (p - i - 1) + (v - 1) * p + 1) / v)
         acts = n * per_layer * in_flight + working
         if i == 0 and getattr(model, "dropout", True):   # the embedding's dropout mask
             acts += s_local * b * h / (L.tp if sp else 1) * in_flight

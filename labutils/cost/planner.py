@@ -1,25 +1,28 @@
 """A scaling planner: memory and step time of transformer training layouts on many GPUs.
-Used by 07_conclusion_outlook (and 06c1, 06c2 for the ZeRO memory formula); checked against published
-runs in ``labutils.cost.published``. What it plans for (``Transformer``, ``Hardware``,
-``Layout``) lives in ``labutils.cost.planspec``; the names it needs are imported here.
+Used by 07_conclusion_outlook (and 06c1, 06c2 for the ZeRO memory formula); checked against
+published runs in ``labutils.cost.published``. What it plans for (``Transformer``,
+``Hardware``, ``Layout``) lives in ``labutils.cost.planspec``, the checks a layout must pass in
+``labutils.cost.plan_checks``; the names it needs are imported here.
 
 ``predict`` builds one micro-batch on the slowest pipeline rank: its arithmetic (FLOPs over
 ``efficiency`` x peak, and the memory-bound operations between the matmuls at the HBM's
-bandwidth) plus the communication on its critical path (tensor-parallel
-all-reduces, or with sequence parallelism the reduce-scatters and all-gathers that move the
-same bytes; pipeline messages; the part of ring attention's K/V transfer that outlasts the
-attention it hides behind, or Ulysses' all-to-alls; expert parallelism's all-to-alls; all from
+bandwidth) plus the communication on its critical path (tensor-parallel all-reduces, or with
+sequence parallelism the reduce-scatters and all-gathers that move the same bytes; pipeline
+messages; the part of ring attention's K/V transfer that outlasts the attention it hides
+behind, or Ulysses' all-to-alls; expert parallelism's all-to-alls; all from
 ``labutils.cost.long_context``; with ``Layout.tp_overlap`` the backward's input-gradient
-collectives of QKV and the MLP's first linear hide behind their weight gradients). The 1F1B schedule runs m such slots plus (p-1)/v of fill and drain,
-so the bubble share is (p-1)/(v m + p - 1); then the data-parallel gradient traffic that
-backward does not hide is added (ZeRO-2/3 per micro-batch; with ZeRO 0/1 the one all-reduce can
-hide only behind the last micro-batch's backward). The matmuls run at
-``Hardware.gemm_efficiency(hidden / tp)`` of peak: narrower per-GPU matrices, lower efficiency.
-A group of GPUs is priced at NVLink speed only when it fits in a node and divides it (groups of
-6 on 8-GPU nodes straddle nodes), else at the network's. Memory is the busiest pipeline
-rank's model states (ZeRO) plus activations (``labutils.cost.plan_memory``: Korthikanti et
-al. 2022, generalised to any FFN width, KV heads and experts), the first rank's embedding, the last rank's fp32 logits, and with
-recomputation one layer's full working set.
+collectives of QKV and the MLP's first linear hide behind their weight gradients). The 1F1B
+schedule runs m such slots plus (p-1)/v of fill and drain, so the bubble share is
+(p-1)/(v m + p - 1); then the data-parallel gradient traffic that backward does not hide is
+added (gradients at ``Layout.grad_bytes`` each, as the stack reduces them, weights gathered in
+bf16; ZeRO-2/3 per micro-batch; with ZeRO 0/1 the one reduction can hide only behind the last
+micro-batch's backward). The matmuls run at ``Hardware.gemm_efficiency(hidden / tp)`` of peak:
+narrower per-GPU matrices, lower efficiency. A group of GPUs is priced at NVLink speed only
+when it fits in a node and divides it (groups of 6 on 8-GPU nodes straddle nodes), else at the
+network's. Memory is the busiest pipeline rank's model states (ZeRO) plus activations
+(``labutils.cost.plan_memory``: Korthikanti et al. 2022, generalised to any FFN width, KV heads
+and experts; as many micro-batches as the schedule keeps in flight), the first rank's
+embedding, the last rank's fp32 logits, and with recomputation one layer's full working set.
 
 Two FLOP conventions: ``Prediction.tflops_per_gpu`` counts model FLOPs (3 x the forward;
 recomputation not counted, as "MFU" does); ``hardware_tflops_per_gpu`` also counts what is
@@ -33,6 +36,7 @@ from dataclasses import dataclass, field
 
 from labutils.cost import costmodel as cm
 from labutils.cost import long_context as lc
+from labutils.cost.plan_checks import validate_layout
 from labutils.cost.plan_memory import (  # noqa: F401
     layer_activation_bytes,
     memory_per_gpu,
@@ -58,59 +62,6 @@ from labutils.cost.step_time import StepTime, _overlapped
 # the memory model moved to plan_memory; these names stay for code that used them here
 _layer_activation_bytes, _memory_per_stage, _stage_params = (layer_activation_bytes,
                                                              memory_per_stage, stage_params)
-
-
-def _check_layout(model, layout, batch_size):
-    L = layout
-    if min(L.dp, L.tp, L.pp, L.micro_batch, L.virtual_stages, L.context_parallel) < 1:
-        raise ValueError(f"dp, tp, pp, micro_batch, virtual_stages and context_parallel must "
-                         f"be >= 1; got {layout}")
-    if L.zero not in (0, 1, 2, 3):
-        raise ValueError(f"zero must be 0, 1, 2 or 3; got {L.zero!r}")
-    kv_heads = model.num_kv_heads or model.num_heads
-    if model.num_heads % L.tp or kv_heads % L.tp:
-        raise ValueError(f"tp={L.tp} must divide num_heads={model.num_heads} and "
-                         f"num_kv_heads={kv_heads}")
-    if L.pp > model.num_layers:
-        raise ValueError(f"pp={L.pp} stages for {model.num_layers} layers: use pp <= num_layers")
-    stages = L.layers_per_stage(model.num_layers)
-    if len(stages) != L.pp or sum(stages) != model.num_layers or min(stages) < 1:
-        raise ValueError(f"stage_layers={stages} must give pp={L.pp} positive layer counts "
-                         f"summing to num_layers={model.num_layers}")
-    # a chunk holds at least one layer, except the first stage's first chunk and the last
-    # stage's last, which may hold only the embedding or the output layer (Llama 3, Sec. 3.3.2)
-    inner = stages[1:-1] or (L.virtual_stages,)
-    if L.virtual_stages > 1 and (L.pp == 1 or min(inner) < L.virtual_stages
-                                 or min(stages[0], stages[-1]) < L.virtual_stages - 1):
-        raise ValueError(f"virtual_stages={L.virtual_stages} needs pp > 1 and at least that "
-                         f"many layers on each stage {stages} (one fewer on the first and last)")
-    if model.seq_len % L.context_parallel:
-        raise ValueError(f"context_parallel={L.context_parallel} must divide "
-                         f"seq_len={model.seq_len}")
-    if L.sequence_parallel and L.tp == 1:
-        raise ValueError("sequence_parallel splits the tensor-parallel group's LayerNorm and "
-                         "dropout work: set tp > 1, or sequence_parallel=False")
-    if L.context_algorithm not in ("ring", "ulysses"):
-        raise ValueError(f"context_algorithm must be 'ring' or 'ulysses'; got "
-                         f"{L.context_algorithm!r}")
-    if L.context_algorithm == "ulysses":
-        lc.ulysses_kv_heads(model.num_heads // L.tp, 1, L.context_parallel)
-    if L.expert_parallel < 1 or L.expert_parallel > 1 and model.num_experts == 1:
-        raise ValueError(f"expert_parallel={L.expert_parallel} needs a mixture-of-experts "
-                         f"model (Transformer(num_experts=...)) and must be >= 1; use 1 for a "
-                         f"dense model")
-    if model.num_experts % L.expert_parallel or (L.dp * L.context_parallel) % L.expert_parallel:
-        raise ValueError(f"expert_parallel={L.expert_parallel} must divide num_experts="
-                         f"{model.num_experts} and dp x context_parallel = "
-                         f"{L.dp * L.context_parallel} (its ranks come from that group)")
-    if batch_size % (L.dp * L.micro_batch):
-        raise ValueError(f"batch_size={batch_size} must be a multiple of dp x micro_batch = "
-                         f"{L.dp * L.micro_batch}")
-    m = batch_size // (L.dp * L.micro_batch)
-    if L.virtual_stages > 1 and m % L.pp:
-        raise ValueError(f"the interleaved schedule needs the micro-batches per pipeline "
-                         f"({m}) to be a multiple of pp={L.pp}")
-    return stages, m
 
 
 @dataclass(frozen=True)
@@ -154,17 +105,21 @@ def _link(hw, span):
     return hw.intra if span <= hw.gpus_per_node and hw.gpus_per_node % span == 0 else hw.inter
 
 
-def _dp_comm(grad_params, group, zero, m, link):
-    """Seconds of data-parallel traffic per step: one all-reduce of the gradients (ZeRO 0/1);
-    ZeRO-2 reduce-scatters each micro-batch's gradients and gathers the weights once; ZeRO-3
-    also gathers the weights for each micro-batch's forward and again for its backward."""
+def _dp_comm(grad_params, group, zero, m, link, grad_bytes=4):
+    """Seconds of data-parallel traffic per step. The gradients travel at ``grad_bytes`` each,
+    as the stack reduces them (Megatron-LM reduces its fp32 main gradients: 4; fp16 gradients:
+    2), the weights at 2 (bf16). ZeRO 0: one all-reduce of the gradients; ZeRO-1 (Megatron's
+    distributed optimizer): a reduce-scatter of the gradients and an all-gather of the updated
+    weights; ZeRO-2 reduce-scatters each micro-batch's gradients and gathers the weights once;
+    ZeRO-3 also gathers the weights for each micro-batch's forward and again for its backward."""
     if group == 1:
         return 0.0
-    n, ab = 2 * grad_params, (link.alpha, link.beta)
-    if zero <= 1:
-        return cm.allreduce_time(n, group, *ab)
-    rs, ag = cm.reduce_scatter_time(n, group, *ab), cm.all_gather_time(n, group, *ab)
-    return m * rs + ag if zero == 2 else m * (rs + 2 * ag)
+    ab = (link.alpha, link.beta)
+    grads, weights = grad_bytes * grad_params, 2 * grad_params
+    if zero == 0:
+        return cm.allreduce_time(grads, group, *ab)
+    rs, ag = cm.reduce_scatter_time(grads, group, *ab), cm.all_gather_time(weights, group, *ab)
+    return {1: rs + ag, 2: m * rs + ag, 3: m * (rs + 2 * ag)}[zero]
 
 
 def _max_efficiency(hw, model, layout):
@@ -181,7 +136,7 @@ def predict(model, layout, batch_size, hardware, efficiency=None, recompute=True
     eff = hw.efficiency if efficiency is None else efficiency
     if eff is None or not 0 < eff <= _max_efficiency(hw, model, layout):
         raise ValueError(f"efficiency must be in (0, 1] (or set on the Hardware); got {eff!r}")
-    stages, m = _check_layout(model, layout, batch_size)
+    stages, m = validate_layout(model, layout, batch_size)
     if hw.link_efficiency != 1.0:   # the rates collectives reach, in place of the datasheet's
         intra, inter = hw.links()
         hw = dataclasses.replace(hw, intra=intra, inter=inter, link_efficiency=1.0)
@@ -249,12 +204,13 @@ def predict(model, layout, batch_size, hardware, efficiency=None, recompute=True
     dp_link = hw.intra if n_gpus <= hw.gpus_per_node else _dp_network(hw, tp * pp)
     params = stage_params(model, layout, stages)
     if model.num_experts == 1:
-        dp_comm = _dp_comm(max(params), L.dp * cp, L.zero, m, dp_link)
+        dp_comm = _dp_comm(max(params), L.dp * cp, L.zero, m, dp_link, L.grad_bytes)
     else:   # expert gradients are reduced only over the ranks that hold the same experts
         big = max(range(pp), key=params.__getitem__)
         experts = stage_expert_params(model, layout, stages)[big]
-        dp_comm = (_dp_comm(params[big] - experts, L.dp * cp, L.zero, m, dp_link)
-                   + _dp_comm(experts, L.dp * cp // L.expert_parallel, L.zero, m, dp_link))
+        dp_comm = (_dp_comm(params[big] - experts, L.dp * cp, L.zero, m, dp_link, L.grad_bytes)
+                   + _dp_comm(experts, L.dp * cp // L.expert_parallel, L.zero, m, dp_link,
+                              L.grad_bytes))
     # ZeRO 0/1: the gradients are reduced once, after the last micro-batch's backward has
     # begun: only that backward can hide them; ZeRO-2/3 reduce each micro-batch's in its own
     window = m * work[slow] if L.zero >= 2 else work[slow]

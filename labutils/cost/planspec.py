@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from labutils.cost import costmodel as cm
+from labutils.cost.parallel_dims import ParallelDims
 
 RECOMPUTE = ("none", "selective", "full")
 
@@ -187,12 +188,13 @@ def usable_memory(hardware):
 
 # Peaks, memory and links are datasheet values. The efficiencies are fitted to named published
 # rows and nothing else (labutils.published.FITS says which; tests re-derive them):
-# A100: efficiency, gemm_half_width and link_efficiency to the ten rows of Narayanan et al.
-# 2021, Table 1; V100: Shoeybi et al. 2019's 1-GPU baseline; H100: efficiency to one row chosen
-# before any prediction (Llama 3 405B on 8,192 GPUs), the other two the A100's.
-A100_EFFICIENCY, A100_HALF_WIDTH = 0.6204, 0.0
+# A100: efficiency fitted to the ten rows of Narayanan et al. 2021, Table 1 (gemm_half_width
+# and link_efficiency were fitted with it and sit at their bounds, 0 and 1: those rows do not
+# support them); V100: Shoeybi et al. 2019's 1-GPU baseline; H100: efficiency to one row chosen
+# before any prediction (Llama 3 405B on 8,192 GPUs), the other two borrowed from the A100.
+A100_EFFICIENCY, A100_HALF_WIDTH = 0.6367, 0.0
 V100_EFFICIENCY = 0.3548
-H100_EFFICIENCY = 0.5484
+H100_EFFICIENCY = 0.7752
 HARDWARE = {hw.name: hw for hw in (
     Hardware("A100-80GB", 312e12, 80e9, 8, cm.LINKS["NVLink"], cm.LINKS["200Gb-IB"],
              A100_EFFICIENCY, 2.039e12, A100_HALF_WIDTH),
@@ -265,6 +267,13 @@ class Layout:
     @property
     def world_size(self):
         return self.dp * self.tp * self.pp * self.context_parallel
+
+    @property
+    def dims(self):
+        """The same layout as the lessons' ``ParallelDims`` (06e runs it): the mesh order
+        (pp, dp, cp, tp), each rank's coordinates and groups; refuses a size that is not a
+        whole number >= 1, naming it."""
+        return ParallelDims(dp=self.dp, tp=self.tp, pp=self.pp, cp=self.context_parallel)
 
     def layers_per_stage(self, num_layers):
         if self.stage_layers is not None:

@@ -1,77 +1,38 @@
-"""Published training runs, and how far the planner's predictions are from them.
+"""The planner's fitted constants, the rows they were fitted to, and how far its predictions
+are from the published runs it was not fitted to.
 
-Every row comes from a paper's table (``data/published/*.csv``, each with its citation and
-uncertainty). The planner's fitted constants are in ``labutils.cost.planspec.HARDWARE``:
-``FITS`` says which rows each was fitted to (the A100's to Narayanan et al.'s ten, the H100's
-and the V100's to one row each), and ``fitted_efficiency`` re-derives them. Every other row is held out:
-``validate`` reports the planner's error on them beside a baseline that predicts the fitted
-row's per-GPU throughput for every row of the same GPU.
+The rows and the rules for what a source does not print are in
+``labutils.cost.published_rows`` (re-exported here). The fitted constants are in
+``labutils.cost.planspec.HARDWARE``: ``FITS`` says which rows each was fitted to (the A100's to
+Narayanan et al.'s ten, the H100's and the V100's to one row each), ``fitted_efficiency``
+re-derives them, ``constant_origins`` labels every constant (fitted, at a bound, datasheet,
+borrowed). Every other row is held out: ``validate`` reports the planner's error on them beside
+a baseline that predicts the fitting rows' per-GPU rate for every row of the same GPU;
+``unknown_ranges`` repeats that over the plausible values of each unprinted input that matters.
 """
 from __future__ import annotations
 
-import csv
 import dataclasses
-import os
 
-from labutils.core.env import ROOT
 from labutils.cost import planner as pl
-
-DATA = os.path.join(ROOT, "data", "published")
-
-
-def _read(name):
-    with open(os.path.join(DATA, name)) as f:
-        return list(csv.DictReader(line for line in f if not line.startswith("#")))
-
-
-def interleave_depth(stages):
-    """The rule for an interleaved schedule whose depth the source does not print (written in
-    data/published/README.md before any prediction): the smallest v >= 2 that divides every
-    stage's layers (Megatron needs equal chunks), else 2 (chunks as even as the stage allows)."""
-    for v in range(2, min(stages) + 1):
-        if all(n % v == 0 for n in stages):
-            return v
-    return 2
-
-
-def narayanan2021():
-    """Narayanan et al. 2021, Table 1, as dicts with a Transformer, a Layout, the batch size
-    and the published TFLOP/s per GPU (hardware FLOPs: full recomputation counted, eq. 3).
-    Pipelined rows ran the interleaved schedule (the paper's Sec. 5.1); its depth is not
-    printed, so ``interleave_depth`` gives it; micro-batch 1 (not printed; the README's rule)."""
-    rows = []
-    for r in _read("narayanan2021_table1.csv"):
-        model = pl.Transformer(int(r["num_layers"]), int(r["hidden_size"]),
-                               int(r["attention_heads"]), 2048, 51200)
-        tp, pp, n = int(r["tensor_parallel"]), int(r["pipeline_parallel"]), int(r["num_gpus"])
-        stages = pl.Layout(pp=pp).layers_per_stage(model.num_layers)
-        v = interleave_depth(stages) if _flag(r, "interleaved", False) else 1
-        rows.append(dict(source="Narayanan et al. 2021, Table 1",
-                         name=f"GPT {float(r['params_billion']):g}B",
-                         params_billion=float(r["params_billion"]), model=model,
-                         layout=pl.Layout(n // (tp * pp), tp, pp, virtual_stages=v,
-                                          sequence_parallel=False, grad_bytes=4),
-                         batch_size=int(r["batch_size"]),
-                         hardware="A100-80GB", recompute="full", convention="hardware",
-                         tflops_per_gpu=float(r["tflops_per_gpu"]),
-                         aggregate_pflops=float(r["aggregate_pflops"])))
-    return rows
-
-
-def shoeybi2019():
-    """Rows of Shoeybi et al. 2019 (Table 1 configurations, Figure 5 efficiencies)."""
-    return [dict(params_billion=float(r["params_billion"]),
-                 model=pl.Transformer(int(r["num_layers"]), int(r["hidden_size"]),
-                                      int(r["attention_heads"]), 1024, 51200),
-                 mp=int(r["model_parallel_gpus"]), mp_eff=float(r["model_parallel_efficiency"]),
-                 mpdp_gpus=int(r["data_parallel_gpus"]),
-                 mpdp_eff=float(r["model_data_parallel_efficiency"]))
-            for r in _read("shoeybi2019_weak_scaling.csv")]
+from labutils.cost.published_rows import (  # noqa: F401
+    DATA,
+    LLAMA3_CHUNKS,
+    LLAMA3_STAGES,
+    PRE_SEQUENCE_PARALLEL,
+    TP_OVERLAP,
+    ZERO,
+    interleave_depth,
+    narayanan2021,
+    runs_2022_2024,
+    shoeybi2019,
+    source_of,
+)
 
 
 # Each fitted constant and the rows it was fitted to, named before any held-out prediction.
 FITS = {
-    "A100-80GB": ("efficiency, gemm_half_width and link_efficiency",
+    "A100-80GB": ("efficiency (gemm_half_width and link_efficiency at their bounds)",
                   "Narayanan et al. 2021, Table 1",
                   "all ten rows (1.7B-1T)"),
     "H100-80GB": ("efficiency", "Dubey et al. 2024 (Llama 3), Table 4",
@@ -79,10 +40,6 @@ FITS = {
     "V100-DGX-2H": ("efficiency", "Shoeybi et al. 2019", "1.2B on one GPU, 39 TFLOP/s"),
 }
 H100_FIT_GPUS = 8192      # the Llama 3 row the H100's efficiency is fitted to
-
-
-def _hardware_rate(r, pred):
-    return pred.flops_per_gpu if r.get("metric") == "model" else pred.hardware_flops_per_gpu
 
 
 def _log_spread(hardware, rows, half_width, link_efficiency):
@@ -181,98 +138,6 @@ def compare_shoeybi(hardware="V100-DGX-2H", batch_per_replica=8, baseline_tflops
     return out
 
 
-# ---- runs of 2022-2024, never used for fitting ---------------------------------------------
-
-def _field(r, key, cast, default=None):
-    return cast(r[key]) if r.get(key, "").strip() else default
-
-
-def _flag(r, key, default):
-    value = r.get(key, "").strip().lower()
-    return default if not value else value == "true"
-
-
-# Rules for what a source does not print (data/published/README.md; fixed before predicting)
-PRE_SEQUENCE_PARALLEL = ("smith2022", "bigscience2022", "korthikanti2022_abstract")
-ZERO = {"bigscience2022": 1, "dubey2024": 2}      # stated: BLOOM's ZeRO-1, Llama 3's FSDP
-LLAMA3_STAGES = (7,) + (8,) * 14 + (7,)          # one layer fewer on the first and last stage
-LLAMA3_CHUNKS = 8        # one layer per model chunk (Sec. 3.3.2: see ``_llama3``)
-# Megatron-LM from 2022 sends the backward's TP collectives during the weight gradients
-TP_OVERLAP = ("korthikanti2022", "jiang2024")
-
-
-def runs_2022_2024():
-    """The rows of ``runs_2022_2024.csv`` whose layout is complete enough to predict, as dicts
-    with a Transformer, a Layout, the batch, the metric and its value. Left out: OPT-175B and
-    the Megatron-LM README rows (no layout given), Llama 3's 128K row (its printed DP does not
-    fit its GPU count), and MegaScale's own system (not a standard transformer block).
-    Unprinted inputs follow the README's rules: sequence parallelism where the stack had it
-    (not MT-NLG, BLOOM, nor Korthikanti et al.'s no-SP baseline), no interleaving unless
-    stated, micro-batch 1, selective recomputation (Megatron-LM's default since 2022), ZeRO 0,
-    fp32 main gradients; Llama 3 as its Sec. 3.3.2 describes it (see ``_llama3``)."""
-    out = []
-    for r in _read("runs_2022_2024.csv"):
-        src = r["source"]
-        if "megascale_t2_megascale" in src or "fig9_megascale" in src or "128K" in src:
-            continue
-        needed = ("num_layers", "hidden_size", "num_attention_heads", "tensor_parallel",
-                  "pipeline_parallel", "data_parallel", "global_batch_size", "seq_len")
-        if any(not r[k].strip() for k in needed) or int(r["seq_len"]) > 8192:
-            continue
-        h, heads = int(r["hidden_size"]), int(r["num_attention_heads"])
-        model = pl.Transformer(int(r["num_layers"]), h, heads, int(r["seq_len"]),
-                               _field(r, "vocab_size", int, 51200),
-                               _field(r, "ffn_hidden_size", int), _field(r, "num_kv_heads", int),
-                               _flag(r, "tied_embeddings", True), _flag(r, "gated_mlp", False))
-        tp, pp = int(r["tensor_parallel"]), int(r["pipeline_parallel"])
-        sp = _flag(r, "sequence_parallel", tp > 1 and not src.startswith(PRE_SEQUENCE_PARALLEL))
-        layout = pl.Layout(int(r["data_parallel"]), tp, pp, ZERO.get(src.split("_")[0], 0),
-                           _field(r, "micro_batch_size", int, 1),
-                           _field(r, "virtual_stages", int, 1), sp,
-                           _field(r, "context_parallel", int, 1), grad_bytes=4,
-                           tp_overlap=src.startswith(TP_OVERLAP))
-        # what the source reports: MFU (model FLOPs), HFU, or TFLOP/s in its stated convention
-        if r["mfu_percent"].strip():
-            metric, value = "model", float(r["mfu_percent"]) / 100
-        elif r["hfu_percent"].strip():
-            metric, value = "hardware", float(r["hfu_percent"]) / 100
-        else:
-            hw = pl.get_hardware(_gpu(r["gpu"]))
-            metric = r["flops_convention"] or "hardware"
-            value = float(r["tflops_per_gpu"]) * 1e12 / hw.peak_flops
-        recompute = r["recompute"] or "selective"
-        if "llama3" in src:
-            layout, recompute = _llama3(layout), "selective"
-            model = dataclasses.replace(model, dropout=False)
-        out.append(dict(source=src, name=r["model"], num_gpus=int(r["num_gpus"]), model=model,
-                        layout=layout, batch_size=int(r["global_batch_size"]),
-                        hardware=_gpu(r["gpu"]), recompute=recompute,
-                        metric=metric, published=value,
-                        # FSDP's asynchronous reduce-scatters: stated by Llama 3 only
-                        dp_overlap=1.0 if "llama3" in src else 0.0))
-    return out
-
-
-def _llama3(layout):
-    """Llama 3 (Sec. 3.3.2): an interleaved schedule with one layer fewer on the first and
-    last stages, after which "the first model chunk on the first stage has only the
-    embedding": so each chunk held one layer, 8 chunks per rank (``LLAMA3_CHUNKS``); FSDP
-    that "shards optimizer states and gradients" but keeps the weights whole (ZeRO-2, fp32
-    gradients); FlashAttention, whose backward recomputes the scores ("without activation
-    checkpointing" stores everything else: the planner's "selective" with flash_attention);
-    no dropout (``runs_2022_2024`` sets ``dropout=False`` on the model)."""
-    return dataclasses.replace(layout, stage_layers=LLAMA3_STAGES, sequence_parallel=True,
-                               virtual_stages=LLAMA3_CHUNKS, flash_attention=True)
-
-
-def _gpu(name):
-    return "A100-80GB" if name == "A100" else name
-
-
-def source_of(row):
-    """The paper a row comes from (its source key's first word): errors are grouped by it."""
-    return row["source"].split("_")[0]
-
 
 def baseline_rates():
     """The constant baseline's hardware-FLOP rate (fraction of peak) per GPU, from the same
@@ -286,17 +151,19 @@ def baseline_rates():
     return {"A100-80GB": sum(a100) / len(a100), "H100-80GB": h100}
 
 
-def validate():
-    """Every 2022-2024 row predicted with the hardware's fitted constants, beside a constant
-    baseline that runs every job at its GPU's ``baseline_rates()`` hardware FLOP rate, in the
-    row's own convention (MFU = that rate x the row's model / hardware FLOPs). Fractions of
-    peak; error = predicted/published - 1; ``fitted`` marks the row the H100 was fitted to;
-    ``fits``: whether the layout fits in the GPU's usable memory."""
+def validate(rows=None, h100_efficiency=None):
+    """Every 2022-2024 row (``rows``, default ``runs_2022_2024()``) predicted with the
+    hardware's fitted constants (the H100's efficiency replaced by ``h100_efficiency`` if
+    given), beside a constant baseline that runs every job at its GPU's ``baseline_rates()``
+    hardware FLOP rate, in the row's own convention (MFU = that rate x the row's model /
+    hardware FLOPs). Fractions of peak; error = predicted/published - 1; ``fitted`` marks the
+    row the H100 was fitted to; ``fits``: whether the layout fits in the GPU's usable memory."""
     base = baseline_rates()
-    fit_row = h100_fit_row()
+    rows = runs_2022_2024() if rows is None else rows
     out = []
-    for r in runs_2022_2024():
-        pred = pl.predict(r["model"], r["layout"], r["batch_size"], r["hardware"],
+    for r in rows:
+        eff = h100_efficiency if r["hardware"] == "H100-80GB" else None
+        pred = pl.predict(r["model"], r["layout"], r["batch_size"], r["hardware"], eff,
                           recompute=r["recompute"], dp_overlap=r["dp_overlap"])
         peak = pl.get_hardware(r["hardware"]).peak_flops
         got = (pred.flops_per_gpu if r["metric"] == "model" else pred.hardware_flops_per_gpu)
@@ -307,9 +174,12 @@ def validate():
         out.append(dict(r, predicted=got / peak, error=got / peak / r["published"] - 1,
                         constant=constant, constant_error=constant / r["published"] - 1,
                         prediction=pred, fits=pred.fits, memory=pred.memory,
-                        fitted=r["source"] == fit_row["source"]
-                        and r["num_gpus"] == fit_row["num_gpus"]))
+                        fitted=_is_fit_row(r)))
     return out
+
+
+def _is_fit_row(r):
+    return "llama3" in r["source"] and r["num_gpus"] == H100_FIT_GPUS
 
 
 def error_table(rows=None):
@@ -326,20 +196,76 @@ def error_table(rows=None):
     return table
 
 
-def llama3_interleave_range(num_gpus=16384, depths=range(1, LLAMA3_CHUNKS + 1)):
-    """Llama 3's interleaving depth is not printed as a number (Sec. 3.3.2's first model chunk
-    implies ``LLAMA3_CHUNKS``): for each v from 1 to it, refit the H100's efficiency to the 8,192-GPU row and predict the
-    ``num_gpus`` row. {v: (efficiency, error)}: the prediction's range over the unknown."""
-    fit, test = h100_fit_row(), next(r for r in runs_2022_2024() if "llama3" in r["source"]
-                                    and r["num_gpus"] == num_gpus)
-    hw = pl.get_hardware(fit["hardware"])
+def in_sample_table():
+    """The same errors on the rows the constants were fitted to (a check of the form, not a
+    test): {"narayanan2021": (10, planner, baseline), "dubey2024": (1, planner, baseline)},
+    the baseline at its GPU's ``baseline_rates()`` (the fitting rows' own mean)."""
+    rows = compare_narayanan()
+    rate = baseline_rates()["A100-80GB"] * pl.HARDWARE["A100-80GB"].peak_flops / 1e12
+    fit = next(r for r in validate([h100_fit_row()]))
+    return {"narayanan2021": (len(rows), sum(abs(r["error"]) for r in rows) / len(rows),
+                              sum(abs(rate / r["published"] - 1) for r in rows) / len(rows)),
+            "dubey2024": (1, abs(fit["error"]), abs(fit["constant_error"]))}
+
+
+# The unprinted inputs that move the held-out mean by more than half a point, and their
+# plausible values (data/published/README.md lists those swept that move it less): the encoded
+# value first.
+UNKNOWNS = {
+    "Llama 3 interleaving depth v": ("llama3", "virtual_stages", (8, 4, 2, 1)),
+    "MT-NLG micro-batch size": ("smith2022", "micro_batch", (1, 2, 4)),
+    "MegaScale's Megatron-LM micro-batch size": ("jiang2024", "micro_batch", (1, 2)),
+}
+
+
+def unknown_ranges():
+    """For each of ``UNKNOWNS``, for each plausible value: the rows re-encoded with it (the
+    H100's efficiency refitted to its row when the value touches it), and the held-out
+    ``error_table``. {unknown: {value: (h100_efficiency, table)}}; an efficiency of None
+    means that no efficiency up to 100% of peak reproduces the fitting row: the planner is
+    then run at that ceiling."""
     out = {}
-    for v in depths:
-        f, t = (dataclasses.replace(r["layout"], virtual_stages=v) for r in (fit, test))
-        eff = pl.calibrate(fit["model"], f, fit["batch_size"], hw, fit["published"] * hw.peak_flops,
-                           convention=fit["metric"], recompute=fit["recompute"],
-                           dp_overlap=fit["dp_overlap"])
-        pred = pl.predict(test["model"], t, test["batch_size"], hw, eff, test["recompute"],
-                          test["dp_overlap"])
-        out[v] = (eff, pred.flops_per_gpu / hw.peak_flops / test["published"] - 1)
+    for name, (key, field_name, values) in UNKNOWNS.items():
+        out[name] = {}
+        for value in values:
+            rows = [dict(r, layout=dataclasses.replace(r["layout"], **{field_name: value}))
+                    if key in r["source"] else r for r in runs_2022_2024()]
+            fit = next(r for r in rows if _is_fit_row(r))
+            hw = pl.get_hardware(fit["hardware"])
+            try:
+                eff = pl.calibrate(fit["model"], fit["layout"], fit["batch_size"], hw,
+                                   fit["published"] * hw.peak_flops, convention=fit["metric"],
+                                   recompute=fit["recompute"], dp_overlap=fit["dp_overlap"])
+                used = eff
+            except ValueError:
+                eff, used = None, pl._max_efficiency(hw, fit["model"], fit["layout"])
+            out[name][value] = (eff, error_table(validate(rows, used)))
+    return out
+
+
+def constant_origins(hardware):
+    """Where each of ``hardware``'s constants comes from: [(constant, value, origin)], origin
+    "datasheet", "fitted to <rows>", "at its bound in the fit to <rows> (not supported)", or
+    "borrowed from <GPU>"."""
+    hw = pl.get_hardware(hardware)
+    name = hw.name
+    out = [("peak FLOP/s", hw.peak_flops, "datasheet"), ("memory", hw.memory, "datasheet"),
+           ("HBM bandwidth", hw.hbm_bandwidth, "datasheet"),
+           ("links", (hw.intra.name, hw.inter.name), "datasheet"),
+           ("memory reserve", hw.memory - pl.usable_memory(hw), "allowance, not fitted")]
+    a100 = "Narayanan et al. 2021, Table 1: all ten rows"
+    if name == "A100-80GB":
+        out += [("efficiency", hw.efficiency, f"fitted to {a100}"),
+                ("gemm_half_width", hw.gemm_half_width, f"at its bound in the fit to {a100}"),
+                ("link_efficiency", hw.link_efficiency, f"at its bound in the fit to {a100}")]
+    elif name in FITS:
+        _, source, rows = FITS[name]
+        other = ("borrowed from A100-80GB" if name == "H100-80GB"
+                 else "default, not fitted (no shape term, datasheet link rate)")
+        out += [("efficiency", hw.efficiency, f"fitted to {source}: {rows}"),
+                ("gemm_half_width", hw.gemm_half_width, other),
+                ("link_efficiency", hw.link_efficiency, other)]
+    else:
+        out += [(k, getattr(hw, k), "borrowed from A100-80GB")
+                for k in ("efficiency", "gemm_half_width", "link_efficiency")]
     return out

@@ -118,7 +118,7 @@ def _tensor_difference(expected, got, atol, rtol):
 
 def first_difference(expected, got, *, atol=1e-5, rtol=1e-4):
     """None when ``got`` equals ``expected`` (tensors within tolerance); else the first
-    difference in words, e.g. ``"key 'weight': element [2, 3]: expected 6.0, got 3.0"``."""
+    difference in words, e.g. ``"for 'weight', element [2, 3]: expected 6.0, got 3.0"``."""
     if type(expected).__module__ == "numpy" and hasattr(expected, "shape") and expected.shape:
         expected = torch.as_tensor(expected)
         if type(got).__module__ == "numpy" and hasattr(got, "shape"):
@@ -139,7 +139,7 @@ def first_difference(expected, got, *, atol=1e-5, rtol=1e-4):
         for key in expected:
             diff = first_difference(expected[key], got[key], atol=atol, rtol=rtol)
             if diff is not None:
-                return tr("key {key!r}: {diff}", key=key, diff=diff)
+                return tr("for {key!r}, {diff}", key=key, diff=diff)
         return None
     if isinstance(expected, (list, tuple)):
         if not isinstance(got, (list, tuple)):

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 from labutils.core.i18n import tr
 from labutils.exercises.base import CheckResult, call_learner, require_function
-from labutils.parallel.parallel_dims import DIM_NAMES, ParallelDims
+from labutils.cost.parallel_dims import DIM_NAMES, ParallelDims
 
 __all__ = ["check_rank_coords", "rank_coords"]
 

@@ -4,6 +4,7 @@ layout and the model alone (no process): the closed-form calls and payload bytes
 figure for the same rank (``planner_wire_bytes``, from ``cost.step_time``)."""
 from __future__ import annotations
 
+from labutils.cost.long_context import ring_attention_time
 from labutils.cost.step_time import data_parallel_step, pipeline_step, tensor_parallel_step
 from labutils.parallel.composed import gpt_config
 from labutils.parallel.model_parallel import split_sizes
@@ -13,8 +14,8 @@ def _stage(dims, pp_rank, batch, n_microbatches, model_kwargs, dtype_bytes):
     """(bytes of one micro-batch's activation, neighbouring stages, Megatron layers) of a
     rank of stage ``pp_rank``."""
     c = gpt_config(model_kwargs)
-    activation = (batch // (dims.dp * n_microbatches) * c["seq_len"] * c["hidden"]
-                  * dtype_bytes)
+    activation = (batch // (dims.dp * n_microbatches) * c["seq_len"] // dims.cp * c["hidden"]
+                  * dtype_bytes)                                  # (B/(dp m), T/cp, H)
     neighbours = (pp_rank > 0) + (pp_rank < dims.pp - 1)
     sizes = split_sizes(c["n_layers"] + 2, dims.pp)
     first = sum(sizes[:pp_rank])
@@ -49,7 +50,11 @@ def formula_per_dim(dims, pp_rank, batch=8, n_microbatches=2, model_kwargs=None,
       backward (f) (``step_time.tensor_parallel_step``'s 4 per layer);
     * dp: one all-reduce per parameter tensor, of its gradient (``naive_allreduce_grads``), plus
       one all-reduce of a vector of flags, one per tensor, saying whether it got one; none when
-      dp = 1. (DDP would bucket these into a few calls.)
+      dp = 1. (DDP would bucket these into a few calls.) With cp > 1 the same, on the dp x cp
+      group ("dp_cp"), and the activations above hold T/cp tokens;
+    * cp: per Megatron layer and micro-batch, the ring (``ring_attention``) shifts a block of
+      K and V, (B/(dp m), T/cp, H/tp) each, cp - 1 times forward, cp - 1 times backward, and
+      the dK/dV accumulator cp times backward: 3 cp - 2 shifts, each one send and one receive.
 
     Payload bytes: what each call hands over. A ring all-reduce of n ranks puts 2(n-1)/n times
     that on each rank's link (equal when n = 2); a send or receive, the payload itself.
@@ -59,11 +64,18 @@ def formula_per_dim(dims, pp_rank, batch=8, n_microbatches=2, model_kwargs=None,
                                                dtype_bytes)
     tp_calls = 4 * tp_layers * m if dims.tp > 1 else 0
     numels = stage_param_numels(dims, model_kwargs)[pp_rank]
-    dp_calls = len(numels) + 1 if dims.dp > 1 else 0
-    dp_bytes = (sum(numels) + len(numels)) * dtype_bytes if dims.dp > 1 else 0
-    return {"pp": {"calls": 2 * m * neighbours, "bytes": 2 * m * neighbours * activation},
-            "dp": {"calls": dp_calls, "bytes": dp_bytes},
-            "tp": {"calls": tp_calls, "bytes": tp_calls * activation}}
+    averaged = dims.dp * dims.cp > 1
+    dp_calls = len(numels) + 1 if averaged else 0
+    dp_bytes = (sum(numels) + len(numels)) * dtype_bytes if averaged else 0
+    out = {"pp": {"calls": 2 * m * neighbours, "bytes": 2 * m * neighbours * activation},
+           "dp": {"calls": dp_calls, "bytes": dp_bytes},
+           "tp": {"calls": tp_calls, "bytes": tp_calls * activation}}
+    if dims.cp > 1:
+        block = 2 * activation // dims.tp                        # K and V of this rank's heads
+        cp_calls = 2 * (3 * dims.cp - 2) * tp_layers * m
+        out["dp_cp"] = out.pop("dp")
+        out["cp"] = {"calls": cp_calls, "bytes": cp_calls * block}
+    return out
 
 
 def planner_wire_bytes(dims, pp_rank, batch=8, n_microbatches=2, model_kwargs=None,
@@ -71,14 +83,22 @@ def planner_wire_bytes(dims, pp_rank, batch=8, n_microbatches=2, model_kwargs=No
     """The planner's view of the same rank (``cost.step_time``), per dimension: the
     communication seconds of ``pipeline_step`` (2 messages per micro-batch and boundary),
     ``tensor_parallel_step`` (4 all-reduces per layer, here per layer and micro-batch) and
-    ``data_parallel_step`` (one ring all-reduce of the stage's gradient bytes) on a link of
-    zero latency and 1 s per byte: seconds that read as bytes on each rank's link. It has no
-    flag all-reduce and no per-tensor calls."""
+    ``data_parallel_step`` (one ring all-reduce of the stage's gradient bytes; with cp > 1 over
+    dp x cp ranks) and, with cp > 1, ``long_context.ring_attention_time`` (the ring's sends,
+    per layer and micro-batch) on a link of zero latency and 1 s per byte: seconds that read
+    as bytes sent on each rank's link. It has no flag all-reduce and no per-tensor calls, and
+    counts a point-to-point message once (the sender's), the pipeline's both ways."""
     m, link = n_microbatches, (0.0, 1.0)
     activation, neighbours, tp_layers = _stage(dims, pp_rank, batch, m, model_kwargs,
                                                dtype_bytes)
     grad_bytes = sum(stage_param_numels(dims, model_kwargs)[pp_rank]) * dtype_bytes
     pp = neighbours * pipeline_step(0.0, dims.pp, m, activation, link).comm
     tp = tensor_parallel_step(0.0, dims.tp, tp_layers * m, activation, link).comm
-    dp = data_parallel_step(0.0, grad_bytes, dims.dp, link).comm
-    return {"pp": round(pp), "dp": round(dp), "tp": round(tp)}
+    dp = data_parallel_step(0.0, grad_bytes, dims.dp * dims.cp, link).comm
+    if dims.cp == 1:
+        return {"pp": round(pp), "dp": round(dp), "tp": round(tp)}
+    c = gpt_config(model_kwargs)
+    ring, _ = ring_attention_time(c["seq_len"], batch // (dims.dp * m), c["hidden"] // dims.tp,
+                                  dims.cp, 0.0, 1.0, 1.0, bytes_per_element=dtype_bytes)
+    return {"pp": round(pp), "dp_cp": round(dp), "cp": round(tp_layers * m * ring),
+            "tp": round(tp)}

@@ -1,4 +1,4 @@
-"""Running the composed data x tensor x pipeline step of 06e_composed_parallelism, observed from
+"""Running the composed data x tensor x pipeline (x context) step of 06e_composed_parallelism, observed from
 outside: checked against one process, its communication counted per mesh dimension at the
 dispatcher and set beside a formula, and a timeline of one step.
 
@@ -29,6 +29,7 @@ from labutils.experiments.composed_formula import (  # noqa: F401 (the lab reads
 )
 from labutils.experiments.stage_observers import stage_spans
 from labutils.parallel.composed import (
+    RingAttend,
     composed_step,
     composed_worker,
     gpt_config,
@@ -41,6 +42,12 @@ from labutils.parallel.tensor_parallel import TPLayout, reference_shards
 from labutils.parallel.torch_composed import torch_composed_worker
 
 DIMS_SHOWN = ("pp", "dp", "tp")
+
+
+def dims_shown(dims):
+    """The rows of ``counts_table``: with cp > 1, the gradient all-reduce runs on the dp x cp
+    group ("dp_cp") and the ring attention's messages on the cp group ("cp")."""
+    return DIMS_SHOWN if dims.cp == 1 else ("pp", "dp_cp", "cp", "tp")
 # float64 on both sides: the parallel sums run in another order, which costs ~1e-15 relative;
 # a wrong split or a missing all-reduce changes a gradient by 1e-3 or more (the lab and
 # tests/test_composed.py assert both ends with max_relative_error and step_without_dp).
@@ -57,12 +64,13 @@ def make_batch(batch=8, model_kwargs=None, seed=0):
 
 # ---- observing one step ----------------------------------------------------------------------
 
-def _dim_of(op, group_name, names):
-    """The mesh dimension of a call: point-to-point calls are filed under pp by their op (the
-    pipeline's messages are the only ones), collectives by their group; a collective on any
-    other group is "other", which ``counts_table`` asserts never happens."""
+def _dim_of(op, group_name, names, cp_group=None):
+    """The mesh dimension of a call: point-to-point calls are filed by their group, cp for the
+    ring attention's (on the cp group), pp for the pipeline's (on the default group);
+    collectives by their group; a collective on any other group is "other", which
+    ``counts_table`` asserts never happens."""
     if op in ("send", "recv_", "recv_any_source_"):
-        return "pp"
+        return "cp" if cp_group and group_name == cp_group else "pp"
     return names.get(group_name, "other")
 
 
@@ -87,7 +95,8 @@ class _TimedCollectives(TorchDispatchMode):
                 torch._C._distributed_c10d.Work.unbox(w).wait()
         group = next((torch._C._distributed_c10d.ProcessGroup.unbox(a).group_name
                       for a in args if _is_group(a)), "")
-        self.tl.add(f"{_dim_of(op, group, self.names)} all-reduce", start, time.perf_counter())
+        self.tl.add(f"{_dim_of(op, group, self.names)} all-reduce", start,
+                    time.perf_counter())
         return out
 
 
@@ -126,21 +135,24 @@ def _observed_worker(rank, world_size, dims, x, y, **kwargs):
     """``composed_worker``'s own loop; its first step counted and timed from outside."""
     first = {}
 
-    def step_fn(stage, me, dp_group, ops, prev_ops, x_mbs, y_mbs, in_shape):
+    def step_fn(stage, me, grad_group, ops, prev_ops, x_mbs, y_mbs, in_shape):
         if first:                                    # later steps run unobserved
-            return composed_step(stage, me, dp_group, ops, prev_ops, x_mbs, y_mbs, in_shape)
-        names = {dp_group.group_name: "dp"}
+            return composed_step(stage, me, grad_group, ops, prev_ops, x_mbs, y_mbs, in_shape)
+        names = {grad_group.group_name: "dp" if me.dims.cp == 1 else "dp_cp"}
         if stage_tp_group(stage) is not None:
             names[stage_tp_group(stage).group_name] = "tp"
+        cp_group = stage_cp_group(stage)
+        cp_name = cp_group.group_name if cp_group is not None else None
         compute, comm = Timeline(rank), Timeline(rank)
         forwards = [i for op, i in ops if op == "F"]
         dist.barrier()                               # every rank starts the step together
         with count_collectives() as counted, timed_comm(comm, names), \
                 stage_spans(stage, compute, forwards):
-            loss = composed_step(stage, me, dp_group, ops, prev_ops, x_mbs, y_mbs, in_shape)
-        per_dim = {d: {"calls": 0, "bytes": 0} for d in DIMS_SHOWN}
+            loss = composed_step(stage, me, grad_group, ops, prev_ops, x_mbs, y_mbs, in_shape)
+        per_dim = {d: {"calls": 0, "bytes": 0} for d in dims_shown(me.dims)}
         for c in counted.calls:
-            d = per_dim.setdefault(_dim_of(c.op, c.group, names), {"calls": 0, "bytes": 0})
+            d = per_dim.setdefault(_dim_of(c.op, c.group, names, cp_name),
+                                   {"calls": 0, "bytes": 0})
             d["calls"] += 1
             d["bytes"] += c.nbytes
         first.update(counts=per_dim, spans=compute.spans + comm.spans)
@@ -159,7 +171,16 @@ def stage_tp_group(stage):
     return None
 
 
-def step_without_dp(stage, me, dp_group, ops, prev_ops, x_mbs, y_mbs, in_shape):
+def stage_cp_group(stage):
+    """The context-parallel group of a stage's ring attention (None: the stage has none)."""
+    for module in stage.modules():
+        attend = getattr(module, "attend", None)
+        if isinstance(attend, RingAttend):
+            return attend.cp_group
+    return None
+
+
+def step_without_dp(stage, me, grad_group, ops, prev_ops, x_mbs, y_mbs, in_shape):
     """A broken ``composed_step``: the DP all-reduce forgotten, so each data slice keeps its own
     gradient. What the equality check must catch."""
     return run_schedule(ops, stage, me, x_mbs, y_mbs, in_shape, prev_ops, loss_fn=gpt_loss)
@@ -173,7 +194,7 @@ def run_composed(dims, batch=8, n_microbatches=2, steps=2, lr=0.1, model_kwargs=
     ``step_fn`` (e.g. ``step_without_dp``): run it instead, unobserved (no counts, no spans)."""
     cfg = gpt_config(model_kwargs)
     validate_composed(dims, dims.world_size, batch, n_microbatches, cfg["hidden"],
-                      cfg["num_heads"], cfg["n_layers"])
+                      cfg["num_heads"], cfg["n_layers"], cfg["seq_len"])
     x, y = make_batch(batch, model_kwargs, seed)
     worker, extra = ((_observed_worker, {}) if step_fn is None
                      else (composed_worker, {"step_fn": step_fn}))
@@ -188,7 +209,9 @@ def run_torch_composed(dims, batch=8, n_microbatches=2, steps=2, lr=0.1, model_k
     ``grads`` and ``params`` are whole tensors of the rank's stage."""
     cfg = gpt_config(model_kwargs)
     validate_composed(dims, dims.world_size, batch, n_microbatches, cfg["hidden"],
-                      cfg["num_heads"], cfg["n_layers"])
+                      cfg["num_heads"], cfg["n_layers"], cfg["seq_len"])
+    if dims.cp > 1:
+        raise ValueError("the PyTorch composition here has no context parallelism; use cp=1")
     if dims.pp < 2:
         raise ValueError("PyTorch's pipelining schedules need pp >= 2 here; use pp=2")
     x, y = make_batch(batch, model_kwargs, seed)
@@ -263,11 +286,11 @@ def counts_table(results, dims, batch=8, n_microbatches=2, model_kwargs=None):
     for s in range(dims.pp):
         counted = [r["counts"] for r in results if r["coords"]["pp"] == s]
         assert all(c == counted[0] for c in counted), f"ranks of stage {s} counted differently"
-        assert set(counted[0]) == set(DIMS_SHOWN), \
+        assert set(counted[0]) == set(dims_shown(dims)), \
             f"stage {s} called a collective on a group of no mesh dimension: {counted[0]}"
         formula = formula_per_dim(dims, s, batch, n_microbatches, model_kwargs)
         planner = planner_wire_bytes(dims, s, batch, n_microbatches, model_kwargs)
-        for d in DIMS_SHOWN:
+        for d in dims_shown(dims):
             rows.append((s, d, counted[0][d]["calls"], formula[d]["calls"],
                          counted[0][d]["bytes"], formula[d]["bytes"], planner[d]))
     return rows

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from labutils.core.i18n import tr
 from labutils.core.launcher import launch
 from labutils.core.rank import progress
 from labutils.core.tables import text_table
@@ -198,16 +199,24 @@ def predict(compute_s, grad_bytes, link, world_size, num_buckets, overlap, compr
     return world_size * compute_s / (compute_s + exposed)
 
 
+def _say(word):
+    """A variant's, a link's or a floor's name as the table prints it (the rows keep English)."""
+    return {"one bucket": tr("one bucket"), "buckets": tr("buckets"),
+            "buckets + bf16": tr("buckets + bf16"), REAL: tr("real gloo"),
+            "local": tr("local"), "link": tr("link")}.get(word, word)
+
+
 def table(rows, binds=False):
     """The rows as text: one line per (link, variant); ``binds=True`` adds which floor binds
     (``binding_floor``) and leaves out the model column (a check of the bookkeeping only)."""
+    compute = tr("compute only: {ms} ms per step", ms=f"{rows[0]['compute'].median * 1e3:.1f}")
     if binds:
-        body = text_table([(r["link"], r["variant"], f"{r['step'].median * 1e3:.1f}",
-                            f"{r['measured']:.2f}", r["binds"]) for r in rows],
-                          ["link", "variant", "step ms", "speedup (of medians)",
-                           "floor that binds"])
-        return body + f"\ncompute only: {rows[0]['compute'].median * 1e3:.1f} ms per step"
-    body = text_table([(r["link"], r["variant"], f"{r['step'].median * 1e3:.1f}",
+        body = text_table([(_say(r["link"]), _say(r["variant"]), f"{r['step'].median * 1e3:.1f}",
+                            f"{r['measured']:.2f}", _say(r["binds"])) for r in rows],
+                          [tr("link"), tr("variant"), tr("step ms"), tr("speedup (of medians)"),
+                           tr("floor that binds")])
+        return body + "\n" + compute
+    body = text_table([(_say(r["link"]), _say(r["variant"]), f"{r['step'].median * 1e3:.1f}",
                         f"{r['measured']:.2f}", f"{r['predicted']:.2f}") for r in rows],
-                      ["link", "variant", "step ms", "speedup", "model"])
-    return body + f"\ncompute only: {rows[0]['compute'].median * 1e3:.1f} ms per step"
+                      [tr("link"), tr("variant"), tr("step ms"), tr("speedup"), tr("model")])
+    return body + "\n" + compute

@@ -1,5 +1,6 @@
-"""The 2-D layout's run (formerly in 06c; for the planned composed-parallelism lab): validate the mesh, train on it on real ranks
-(``parallel.mesh_2d``), and assert every rank equal to single-process training."""
+"""The 2-D layout's run (formerly in 06c; 06e_composed_parallelism composes more): validate the
+mesh, train on it on real ranks (``parallel.mesh_2d``), and assert every rank equal to
+single-process training."""
 import torch
 
 from labutils.core.launcher import launch

@@ -181,10 +181,17 @@ def slowest_words(compute):
     slow = max(range(len(compute)), key=lambda r: compute[r].median)
     fast = min(range(len(compute)), key=lambda r: compute[r].median)
     c = compare(compute[slow], compute[fast])          # paired: the same rounds
-    return tr("rank {slow} was the slowest ({slow_time}); it was {verdict} rank {fast} "
-              "({fast_time}): {comparison}",
-              slow=slow, fast=fast, slow_time=compute[slow].fmt("ms", 1e3),
-              fast_time=compute[fast].fmt("ms", 1e3), verdict=c.word(), comparison=c.fmt())
+    words = dict(slow=slow, fast=fast, slow_time=compute[slow].fmt("ms", 1e3),
+                 fast_time=compute[fast].fmt("ms", 1e3), comparison=c.fmt())
+    # one whole template per verdict, so that a translation can order its words
+    if c.resolved and c.ratio > 1:
+        return tr("rank {slow} was the slowest ({slow_time}); it was slower than rank {fast} "
+                  "({fast_time}): {comparison}", **words)
+    if c.resolved:    # the larger median, yet smaller round by round
+        return tr("rank {slow} was the slowest ({slow_time}); it was faster than rank {fast} "
+                  "({fast_time}): {comparison}", **words)
+    return tr("rank {slow} was the slowest ({slow_time}); it was not measurably different "
+              "from rank {fast} ({fast_time}): {comparison}", **words)
 
 
 def slowest_per_round(compute):

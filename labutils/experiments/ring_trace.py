@@ -80,9 +80,9 @@ def trace_ring(layout=None):
         return next((str(r) for r in range(layout.world_size) if layout.chunks(r) == k_chunks),
                     "")
 
-    def ring_shift(t, rank_, world_size, tag):
+    def ring_shift(t, rank_, world_size, tag, group=None):
         t0 = time.perf_counter()
-        reqs, buf = real["ring_shift"](t, rank_, world_size, tag)
+        reqs, buf = real["ring_shift"](t, rank_, world_size, tag, group)
         if reqs:
             streams[id(reqs)] = ra.STREAMS[tag]
             trace.events.append(Event(f"post {ra.STREAMS[tag]}", t0, time.perf_counter()))

@@ -34,6 +34,8 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.utils.data import DistributedSampler
 
+from labutils.core.i18n import tr
+
 MANIFEST = "MANIFEST.json"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
@@ -119,35 +121,39 @@ def verify(path, world_size=None):
     """Raise ``CheckpointError`` unless every file matches the manifest; return the manifest."""
     manifest_path = os.path.join(path, MANIFEST)
     if not os.path.isfile(manifest_path):
-        raise CheckpointError(f"{path} has no {MANIFEST}: it is not a complete checkpoint "
-                              f"(a save interrupted before it finished?); delete it and resume "
-                              f"from an earlier one")
+        raise CheckpointError(tr("{path} has no {manifest}: it is not a complete checkpoint "
+                                 "(a save interrupted before it finished?); delete it and "
+                                 "resume from an earlier one", path=path, manifest=MANIFEST))
     try:
         with open(manifest_path, encoding="utf-8") as f:
             manifest = json.load(f)
         files = manifest["files"].items()
     except (ValueError, KeyError, AttributeError, TypeError) as e:   # JSON and UTF-8 errors
-        raise CheckpointError(f"{manifest_path} is damaged ({type(e).__name__}): delete "
-                              f"{path} and resume from an earlier checkpoint") from None
+        raise CheckpointError(tr("{manifest} is damaged ({error}): delete {path} and resume "
+                                 "from an earlier checkpoint", manifest=manifest_path,
+                                 error=type(e).__name__, path=path)) from None
     for name, (size, digest) in files:
         file = os.path.join(path, name)
         if not os.path.isfile(file):
-            raise CheckpointError(f"checkpoint {path} is damaged: {name} is missing; delete "
-                                  f"the directory and resume from an earlier checkpoint")
+            raise CheckpointError(tr("checkpoint {path} is damaged: {name} is missing; delete "
+                                     "the directory and resume from an earlier checkpoint",
+                                     path=path, name=name))
         found = os.path.getsize(file)
         if found != size:
-            raise CheckpointError(f"checkpoint {path} is damaged: {name} has {found} bytes, "
-                                  f"the manifest says {size} (truncated?); delete the directory "
-                                  f"and resume from an earlier checkpoint")
+            raise CheckpointError(tr("checkpoint {path} is damaged: {name} has {found} bytes, "
+                                     "the manifest says {size} (truncated?); delete the "
+                                     "directory and resume from an earlier checkpoint",
+                                     path=path, name=name, found=found, size=size))
         if _sha256(file) != digest:
-            raise CheckpointError(f"checkpoint {path} is damaged: {name} does not match its "
-                                  f"SHA-256 in the manifest; delete the directory and resume "
-                                  f"from an earlier checkpoint")
+            raise CheckpointError(tr("checkpoint {path} is damaged: {name} does not match its "
+                                     "SHA-256 in the manifest; delete the directory and "
+                                     "resume from an earlier checkpoint", path=path, name=name))
     if world_size is not None and manifest["world_size"] != world_size:
-        raise CheckpointError(f"checkpoint {path} was saved by {manifest['world_size']} ranks, "
-                              f"this job has {world_size}: per-rank RNG states and sampler "
-                              f"positions cannot be mapped; resume with "
-                              f"world_size={manifest['world_size']} for a bit-exact resume")
+        raise CheckpointError(tr("checkpoint {path} was saved by {saved} ranks, this job has "
+                                 "{world_size}: per-rank RNG states and sampler positions "
+                                 "cannot be mapped; resume with world_size={saved} for a "
+                                 "bit-exact resume", path=path, saved=manifest["world_size"],
+                                 world_size=world_size))
     return manifest
 
 
@@ -215,9 +221,9 @@ def load(path, model, optimizer, sampler=None):
     except (Exception, CheckpointException) as e:  # DCP's messages name tensors, not the fix
         causes = [line for line in str(e).splitlines() if re.match(r"\w+(Error|Exception): ", line)]
         reason = (causes[-1] if causes else f"{type(e).__name__}: {str(e).strip()}")[:300]
-        raise CheckpointError(f"checkpoint {path} does not fit this model or optimiser "
-                              f"({reason}); build the same model and optimiser that "
-                              f"saved it") from None
+        raise CheckpointError(tr("checkpoint {path} does not fit this model or optimiser "
+                                 "({reason}); build the same model and optimiser that saved it",
+                                 path=path, reason=reason)) from None
     mine = torch.load(os.path.join(path, f"rank_{rank}.pt"), weights_only=True)
     set_rng_state(mine["rng"])
     if sampler is not None and mine["sampler"] is not None:

@@ -1,9 +1,11 @@
-"""A 2-D layout (formerly in 06c; kept for the planned composed-parallelism lab): data parallel x tensor parallel on one DeviceMesh, checked against one
-process (``experiments.mesh_2d_runs.run_mesh_2d`` launches and checks it)."""
+"""A 2-D layout (formerly in 06c): data parallel x tensor parallel on one DeviceMesh, checked
+against one process (``experiments.mesh_2d_runs.run_mesh_2d`` launches and checks it). Its mesh
+is ``ParallelDims(dp, tp, pp=1)``'s, the layout 06e_composed_parallelism composes further."""
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from labutils.cost.parallel_dims import ParallelDims
 from labutils.parallel.tensor_parallel import (
     MLP,
     ParallelMLP,
@@ -24,9 +26,7 @@ def mesh_2d_worker(rank, world_size, dp_size=2, tp_size=2, hidden=16, batch=8, s
                    steps=3, lr=0.05, seed=0):
     """Worker: a (dp, tp) DeviceMesh; the MLP is tensor-parallel (Megatron, ours) inside each
     "tp" group, data-parallel across the "dp" groups (gradients all-reduced there)."""
-    from torch.distributed.device_mesh import init_device_mesh
-
-    mesh = init_device_mesh("cpu", (dp_size, tp_size), mesh_dim_names=("dp", "tp"))
+    mesh = ParallelDims(dp=dp_size, tp=tp_size, pp=1).validate(world_size).build_mesh()
     dp_rank, tp_rank = mesh.get_local_rank("dp"), mesh.get_local_rank("tp")
     dp_group = mesh.get_group("dp")
     ref, x, target = _mlp_problem(hidden, batch, seq, seed)

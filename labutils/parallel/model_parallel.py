@@ -10,36 +10,20 @@ checked against one process running the whole model (``reference_step``). What a
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from labutils.core.i18n import tr
+from labutils.cost.parallel_dims import ParallelDims
 
 
-@dataclass(frozen=True)
-class StageLayout:
-    """Where this rank sits in a chain of stages (rank r holds stage r)."""
-    rank: int
-    world_size: int
-
-    @property
-    def pp_is_first_stage(self):
-        return self.rank == 0
-
-    @property
-    def pp_is_last_stage(self):
-        return self.rank == self.world_size - 1
-
-    @property
-    def prev_rank(self):
-        return None if self.pp_is_first_stage else self.rank - 1
-
-    @property
-    def next_rank(self):
-        return None if self.pp_is_last_stage else self.rank + 1
+def StageLayout(rank, world_size):
+    """Where this rank sits in a chain of stages (rank r holds stage r): the place of ``rank``
+    in a pipeline-only ``ParallelDims`` (06e composes it with the others), with ``rank``,
+    ``world_size``, ``pp_is_first_stage``, ``pp_is_last_stage``, ``prev_rank``, ``next_rank``."""
+    return ParallelDims(dp=1, tp=1, pp=world_size).coords(rank)
 
 
 # ---- the model and how it is cut ----------------------------------------------------------

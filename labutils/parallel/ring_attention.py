@@ -82,14 +82,20 @@ class RingLayout:
         return torch.cat(parts, dim=-2)[..., torch.argsort(order), :]
 
 
-def ring_shift(t, rank, world_size, tag):
+def ring_shift(t, rank, world_size, tag, group=None):
     """Post: send ``t`` to the next rank, receive the previous rank's into a new buffer.
-    Returns (requests to wait on, the buffer). Nothing moves on a ring of one."""
+    Returns (requests to wait on, the buffer). Nothing moves on a ring of one. ``rank`` and
+    ``world_size`` are those of ``group`` (None: the default group): a ring over a context-
+    parallel group of a larger mesh (06e) numbers its ranks within the group."""
     if world_size == 1:
         return [], t
     buf, t = torch.empty_like(t), t.contiguous()
-    reqs = [dist.irecv(buf, src=(rank - 1) % world_size, tag=tag),
-            dist.isend(t, dst=(rank + 1) % world_size, tag=tag)]
+    src, dst = (rank - 1) % world_size, (rank + 1) % world_size
+    if group is None:
+        reqs = [dist.irecv(buf, src=src, tag=tag), dist.isend(t, dst=dst, tag=tag)]
+    else:                                         # addressed by rank within the group
+        reqs = [dist.irecv(buf, group=group, group_src=src, tag=tag),
+                dist.isend(t, group=group, group_dst=dst, tag=tag)]
     return reqs, buf
 
 
@@ -99,7 +105,7 @@ def wait(reqs):
         r.wait()
 
 
-def ring_attention_forward(q, k, v, layout, rank, overlap=True):
+def ring_attention_forward(q, k, v, layout, rank, overlap=True, group=None):
     """Causal attention of this rank's queries over the whole sequence: (out, lse) for the
     rank's positions. ``overlap=False`` is the serial variant, for comparison: each hop is
     posted only after computing, so nothing is in flight while the rank computes."""
@@ -110,18 +116,18 @@ def ring_attention_forward(q, k, v, layout, rank, overlap=True):
         src = (rank - step) % world_size          # whose block this rank holds now
         hop = step + 1 < world_size
         if hop and overlap:                       # post the next hop BEFORE computing
-            reqs, next_kv = ring_shift(kv, rank, world_size, KV_TAG)
+            reqs, next_kv = ring_shift(kv, rank, world_size, KV_TAG, group)
         o, lo = attend_chunks(q, kv[0], kv[1], layout.chunks(rank), layout.chunks(src))
         out, lse = (o, lo) if out is None else merge_attention_blocks(out, lse, o, lo)
         if hop and not overlap:                   # serial: post only now, then wait at once
-            reqs, next_kv = ring_shift(kv, rank, world_size, KV_TAG)
+            reqs, next_kv = ring_shift(kv, rank, world_size, KV_TAG, group)
         if hop:
             wait(reqs)
             kv = next_kv
     return out, lse
 
 
-def ring_attention_backward(q, k, v, out, lse, dout, layout, rank):
+def ring_attention_backward(q, k, v, out, lse, dout, layout, rank, group=None):
     """(dq, dk, dv) of this rank's q, k, v: K/V go round the ring again, and each block's dK/dV
     accumulator follows one hop behind: every rank adds its share and passes it on; after N
     hops it is home. Both transfers overlap compute: the K/V hop is posted before the block's
@@ -135,7 +141,7 @@ def ring_attention_backward(q, k, v, out, lse, dout, layout, rank):
         src = (rank - step) % world_size
         hop = step + 1 < world_size
         if hop:                                   # post the next K/V hop BEFORE computing
-            kv_reqs, next_kv = ring_shift(kv, rank, world_size, KV_TAG)
+            kv_reqs, next_kv = ring_shift(kv, rank, world_size, KV_TAG, group)
         g = attend_chunks_backward(q, kv[0], kv[1], layout.chunks(rank), layout.chunks(src),
                                    lse, dout, delta)
         dq += g[0]
@@ -146,7 +152,7 @@ def ring_attention_backward(q, k, v, out, lse, dout, layout, rank):
         if hop:
             wait(kv_reqs)
             kv = next_kv
-        grad_reqs, next_dkv = ring_shift(dkv, rank, world_size, GRAD_TAG)  # during next block
+        grad_reqs, next_dkv = ring_shift(dkv, rank, world_size, GRAD_TAG, group)  # next block
     wait(grad_reqs)                               # home: our block's sum, exposed
     return dq, next_dkv[0], next_dkv[1]
 
@@ -155,23 +161,24 @@ class RingAttention(torch.autograd.Function):
     """Causal attention of this rank's (q, k, v) over the ring; backward by the ring too."""
 
     @staticmethod
-    def forward(ctx, q, k, v, layout, rank):
-        out, lse = ring_attention_forward(q, k, v, layout, rank)
+    def forward(ctx, q, k, v, layout, rank, group=None):
+        out, lse = ring_attention_forward(q, k, v, layout, rank, group=group)
         ctx.save_for_backward(q, k, v, out, lse)   # lse: the backward needs no second softmax
-        ctx.layout, ctx.rank = layout, rank
+        ctx.layout, ctx.rank, ctx.group = layout, rank, group
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = ring_attention_backward(q, k, v, out, lse, dout.contiguous(), ctx.layout,
-                                             ctx.rank)
-        return dq, dk, dv, None, None
+                                             ctx.rank, ctx.group)
+        return dq, dk, dv, None, None, None
 
 
-def ring_attention(q, k, v, layout, rank):
-    """Differentiable ring attention on the default process group."""
-    return RingAttention.apply(q, k, v, layout, rank)
+def ring_attention(q, k, v, layout, rank, group=None):
+    """Differentiable ring attention on ``group`` (None: the default process group; ``rank``
+    is the rank within it)."""
+    return RingAttention.apply(q, k, v, layout, rank, group)
 
 
 def reference_attention(q, k, v):

@@ -1,6 +1,7 @@
 """Megatron-LM tensor parallelism from scratch (Shoeybi et al., arXiv:1909.08053, section 3).
 
-Used by ``06b_tensor_parallel`` (and by the data x tensor mesh, ``mesh_2d``, kept for the composed-parallelism lab).
+Used by ``06b_tensor_parallel``, by the data x tensor mesh ``mesh_2d`` and by
+``06e_composed_parallelism`` (``composed``).
 A linear layer ``Y = X W^T + b`` is split across the ``tp_world_size`` ranks of a group:
 
 * ``ColumnParallelLinear`` keeps rows ``W[r]`` of the weight (a slice of the *output* features);
@@ -24,6 +25,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from labutils.core.i18n import tr
+
 # ---- layout -------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -39,17 +42,17 @@ def validate_tp_config(hidden, num_heads=None, tp_world_size=2, ffn_hidden=None)
     if tp_world_size < 1:
         raise ValueError(f"tp_world_size must be >= 1; got {tp_world_size}")
     ffn_hidden = 4 * hidden if ffn_hidden is None else ffn_hidden
-    for name, value in (("hidden size", hidden), ("MLP hidden size", ffn_hidden),
-                        ("number of attention heads", num_heads)):
+    for name, value in ((tr("hidden size"), hidden), (tr("MLP hidden size"), ffn_hidden),
+                        (tr("number of attention heads"), num_heads)):
         if value is not None and value % tp_world_size:
             ok = [p for p in range(1, value + 1) if value % p == 0 and p <= 8]
-            raise ValueError(f"{name} {value} is not divisible by the tensor-parallel size "
-                             f"{tp_world_size}: each rank must get an equal slice. Use a "
-                             f"tensor-parallel size in {ok}, or a {name} that is a multiple "
-                             f"of {tp_world_size}")
+            raise ValueError(tr("{name} {value} is not divisible by the tensor-parallel size "
+                                "{tp}: each rank must get an equal slice. Use a tensor-parallel "
+                                "size in {ok}, or a {name} that is a multiple of {tp}",
+                                name=name, value=value, tp=tp_world_size, ok=ok))
     if num_heads is not None and hidden % num_heads:
-        raise ValueError(f"hidden size {hidden} is not divisible by {num_heads} heads; "
-                         f"choose heads dividing the hidden size")
+        raise ValueError(tr("hidden size {hidden} is not divisible by {heads} heads; choose "
+                            "heads dividing the hidden size", hidden=hidden, heads=num_heads))
 
 
 def _all_reduce(x, layout):

@@ -9,7 +9,9 @@ parallelism is the outermost: it sends one activation per micro-batch, point to 
 tolerates the slowest links (between nodes).
 
 Everything here but ``build_mesh`` is pure arithmetic on the layout, usable before any process
-starts (``validate``) or by a test that checks it against ``init_device_mesh``'s groups. A
+starts (``validate``) or by a test that checks it against ``init_device_mesh``'s groups: it
+lives in ``cost/`` so that the planner's ``planspec.Layout`` is the same layout
+(``Layout.dims``); ``build_mesh`` imports ``torch.distributed`` only when a rank calls it. A
 rank's place is a ``RankCoords``; it has the attributes the pipeline executor
 (``pipeline.run_schedule``) reads, so a stage of a composed run is driven by the same executor.
 """
@@ -118,6 +120,10 @@ class RankCoords:
 
     def as_dict(self):
         return {"pp": self.pp_rank, "dp": self.dp_rank, "cp": self.cp_rank, "tp": self.tp_rank}
+
+    @property
+    def world_size(self):
+        return self.dims.world_size
 
     @property
     def pp_is_first_stage(self):
