@@ -102,7 +102,7 @@ def copy_tool(tmp_path):
     """The tool run on a copy of the repository (its tools, one lab's English notebook, catalog
     and committed Chinese notebook): what it writes lands in tmp_path."""
     (tmp_path / "tools").mkdir()
-    for path in (ROOT / "tools").glob("zh_*.py"):
+    for path in [*(ROOT / "tools").glob("zh_*.py"), ROOT / "tools" / "codewrap.py"]:
         (tmp_path / "tools" / path.name).write_bytes(path.read_bytes())
     for rel in (f"notebooks/{LAB}.ipynb", f"notebooks/zh/{LAB}.ipynb",
                 f"translations/zh/{LAB}.po"):
