@@ -168,16 +168,17 @@ def _fold_parts(tokens) -> tuple:
     return tuple(parts)
 
 
+def _index(code: str):
+    """A function from a token's (line, column) to its index in ``code``."""
+    offsets = [0]
+    for ln in code.splitlines(keepends=True):
+        offsets.append(offsets[-1] + len(ln))
+    return lambda pos: offsets[pos[0] - 1] + pos[1]
+
+
 def _runs(code: str, toks) -> list[tuple[int, int]]:
     """Index ranges [a, b] of ``toks`` that are adjacent string literals (only blanks between)."""
-    lines = code.splitlines(keepends=True)
-    offsets = [0]
-    for ln in lines:
-        offsets.append(offsets[-1] + len(ln))
-
-    def at(pos):
-        return offsets[pos[0] - 1] + pos[1]
-
+    at = _index(code)
     runs, a = [], None
     for i, t in enumerate(toks):
         if t.type != tokenize.STRING:
@@ -192,12 +193,8 @@ def _runs(code: str, toks) -> list[tuple[int, int]]:
 
 
 def _span(code: str, first, last) -> str:
-    lines = code.splitlines(keepends=True)
-    offsets = [0]
-    for ln in lines:
-        offsets.append(offsets[-1] + len(ln))
-    start = offsets[first.start[0] - 1] + first.start[1]
-    return code[start:offsets[last.end[0] - 1] + last.end[1]]
+    at = _index(code)
+    return code[at(first.start):at(last.end)]
 
 
 def carry_code(old_en: str, old_zh: str, new_en: str, partial: bool = False) -> str | None:
@@ -226,14 +223,7 @@ def carry_code(old_en: str, old_zh: str, new_en: str, partial: bool = False) -> 
         if (a, b) in zh_runs:
             wrapped.setdefault(("string", _fold_parts(en_t[a:b + 1])),
                                _span(old_zh, zh_t[a], zh_t[b]))
-    lines = new_en.splitlines(keepends=True)
-    offsets = [0]
-    for ln in lines:
-        offsets.append(offsets[-1] + len(ln))
-
-    def at(pos):
-        return offsets[pos[0] - 1] + pos[1]
-
+    at = _index(new_en)
     out, pos, i = [], 0, 0
     while i < len(new_t):
         t = new_t[i]
