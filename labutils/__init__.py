@@ -18,15 +18,26 @@ from labutils.core.errors import (
     LaunchTimeout,
     WorkerError,
 )
-from labutils.core.i18n import language, set_language
+from labutils.core import i18n as _i18n
+from labutils.core.i18n import label, language
 from labutils.core.job import stop_all
 from labutils.core.launcher import launch
 from labutils.core.rank import progress
 
+
+def set_language(lang):
+    """Write labutils' sentences in ``lang``: "en" (the default) or "zh" (简体中文); for "zh",
+    figures also draw Chinese text (a Chinese font after DejaVu Sans, viz/style.py)."""
+    _i18n.set_language(lang)
+    if lang == "zh":
+        from labutils.viz import style
+        style.use_chinese_font()
+
+
 __version__ = "0.2.0"
 __all__ = ["LaunchInterrupted", "LaunchStopped", "LaunchTimeout", "WorkerError", "launch",
            "stop_all", "progress", "show_source", "show_solution", "course", "set_language",
-           "language"]
+           "language", "label"]
 
 # Ranks fork from a server that has imported the modules of the lower layers once.
 _forkserver.set_preload(course.rank_modules())

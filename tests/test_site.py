@@ -10,6 +10,7 @@ guide page with its reference solutions and a printable handout; no page shows a
 every local link resolves. tests/test_site_browser.py looks at the site in Chromium."""
 import html
 import importlib
+import importlib.util
 import inspect
 import json
 import re
@@ -304,6 +305,27 @@ def test_guide_has_a_page_per_lab_with_the_reference_solutions(site):
 
 
 @pytest.mark.slow
+def test_the_chinese_site_has_the_chinese_guide_and_handouts(site):
+    """guide/zh/<lab>.md becomes the Chinese guide page, with the same reference solutions;
+    the Chinese handout is made from the Chinese notebook."""
+    for lab in LABS:
+        guide = (site / "zh" / "guide" / f"{lab.notebook}.html").read_text(encoding="utf-8")
+        text = html.unescape(re.sub(r"<[^>]+>", "", guide))
+        assert "练习参考答案" in text and "教学安排" in text, lab.notebook
+        for name in lab.checkers:
+            module = importlib.import_module(course.checker_module(name))
+            assert inspect.getsource(getattr(module, name)).rstrip() in text, (lab, name)
+        assert f"../handouts/{lab.notebook}.html" in guide
+        handout = (site / "zh" / "handouts" / f"{lab.notebook}.html").read_text(
+            encoding="utf-8")
+        title = first_cell(ROOT / "notebooks" / "zh" / f"{lab.notebook}.ipynb")
+        title = next(line[2:] for line in title.splitlines() if line.startswith("# "))
+        assert html.escape(f"讲义：{title.strip()}", quote=False) in handout, lab.notebook
+        for src in re.findall(r'<img[^>]*src="([^"]+)"', handout):  # the figures are there
+            assert (site / "zh" / "handouts" / src).resolve().is_file(), (lab.notebook, src)
+
+
+@pytest.mark.slow
 def test_every_lab_has_a_printable_handout(site):
     css = (site / "assets" / "site.css").read_text(encoding="utf-8")
     assert "@media print" in css and ".md-sidebar" in css
@@ -366,3 +388,41 @@ def test_every_local_link_resolves(site):
                     not {parts.fragment, unquote(parts.fragment)} & parsed[target].anchors:
                 broken.append(f"{page.relative_to(site.resolve())}: {url} (no such anchor)")
     assert broken == []
+
+
+# ---- the teacher's guide quotes the committed runs (tools/guide_quotes.py) --------------------
+
+def _quotes_tool():
+    spec = importlib.util.spec_from_file_location("guide_quotes",
+                                                  ROOT / "tools" / "guide_quotes.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_guide_quotes_what_each_committed_run_printed():
+    """Every decimal a guide page quotes from "the committed run" is in that notebook's stored
+    outputs (the Chinese page: the Chinese notebook's): re-executing a lab without refreshing
+    its guide fails here."""
+    tool = _quotes_tool()
+    checked = list(tool.pages())
+    assert len(checked) == 2 * len(LABS)
+    stale = {f"{lang} {page.stem}": tool.stale_quotes(page, notebook, lang)
+             for lang, page, notebook in checked}
+    stale = {k: v for k, v in stale.items() if v}
+    assert not stale, f"quotes the stored outputs do not print: {stale}"
+
+
+def test_the_quote_check_finds_a_stale_figure_and_passes_a_named_parameter(tmp_path):
+    tool = _quotes_tool()
+    nb = {"cells": [{"cell_type": "code", "source": "x = 0.25",
+                     "outputs": [{"output_type": "stream", "text": "speedup 1.22x (1.07-1.47)"}]}]}
+    notebook = tmp_path / "lab.ipynb"
+    notebook.write_text(json.dumps(nb), encoding="utf-8")
+    page = tmp_path / "lab.md"
+    page.write_text("- The committed run printed 1.22x (95% CI 1.07-1.48), margin 0.25.\n"
+                    "- Elsewhere 9.99.\n", encoding="utf-8")
+    assert tool.stale_quotes(page, notebook, "en") == ["1.48"]
+    page.write_text("- 已提交的运行打印出 1.23 倍。 <!-- not from the run: 1.23 -->\n",
+                    encoding="utf-8")
+    assert tool.stale_quotes(page, notebook, "zh") == []

@@ -419,6 +419,19 @@ def test_the_english_scan_skips_listings_figures_and_widgets():
         (3, sentence.strip()), (4, sentence.strip())]
 
 
+def test_the_chinese_edition_prints_no_english_sentence():
+    """Issue 32's bar, on the committed Chinese notebooks: every output line a student reads
+    (tables, verdicts, errors, checker messages) is Chinese outside the allow-list of code,
+    names and units."""
+    scan = _english_tool()
+    left = {path.stem: [line for _, line, _ in scan.scan_notebook(
+                json.loads(path.read_text(encoding="utf-8")))]
+            for path in sorted((ROOT / "notebooks" / "zh").glob("*.ipynb"))}
+    assert len(left) == len(list((ROOT / "notebooks").glob("*.ipynb")))
+    left = {lab: lines for lab, lines in left.items() if lines}
+    assert not left, f"English in the Chinese edition's outputs: {left}"
+
+
 def test_make_release_runs_the_english_scan():
     release = (ROOT / "Makefile").read_text().split("\nrelease:", 1)[1].split("\n\n", 1)[0]
     assert "tools/zh_english.py" in release

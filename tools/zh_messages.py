@@ -5,7 +5,8 @@ Every ``tr("English template", ...)`` call in ``labutils/<package>/`` has its en
 template that several packages use lives in the lowest one (``course.LAYERS``), so each
 template has one entry. The course map's text (``course.markdown_table``: its header, each
 lab's ``chapter``, ``shows`` and ``device``) is in ``labutils/locale/zh.po`` under
-``msgctxt "course map"``.
+``msgctxt "course map"``; data labels marked ``N_("...")`` (a variant's name that stays the
+English key, shown by ``label()``) are under ``msgctxt "label"``.
 ``core/i18n.py`` reads the catalogs with polib when it is imported: no compiled .mo to keep in
 step, and the forkserver's ranks inherit the loaded table.
 
@@ -42,6 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "labutils"
 OLD = PACKAGE / "core" / "_zh.py"
 COURSE = "course map"
+LABEL = "label"      # data labels, marked N_("...") where defined (core/i18n.py's label())
 HEADER = ("Simplified Chinese of what labutils prints: the tr() templates of this package "
           "(tools/zh_messages.py).")
 
@@ -56,14 +58,15 @@ def _layers() -> tuple[str, ...]:
     return course.LAYERS
 
 
-def extract() -> dict[str, dict[str, None]]:
-    """{template: the files whose code passes it to tr(), in order}, in the order of the code."""
+def extract(keyword: str = "tr") -> dict[str, dict[str, None]]:
+    """{template: the files whose code passes it to ``keyword`` (tr, or N_ for data labels), in
+    order}, in the order of the code."""
     used: dict[str, dict[str, None]] = {}
     # Babel writes a warning for every f-string passed as a keyword value (tr's values, which
     # are not messages): nothing to report.
     with contextlib.redirect_stderr(io.StringIO()):
         for filename, _, message, _, _ in extract_from_dir(
-                str(PACKAGE), method_map=[("**.py", "python")], keywords={"tr": None},
+                str(PACKAGE), method_map=[("**.py", "python")], keywords={keyword: None},
                 comment_tags=()):
             used.setdefault(message, {})[filename] = None
     return used
@@ -91,10 +94,11 @@ def templates() -> dict[str, Catalog]:
     """{package: a catalog holding the templates it owns, untranslated}."""
     order = {name: i for i, name in enumerate(_layers() + ("",))}
     out: dict[str, Catalog] = {}
-    for message, files in extract().items():
-        owner = min((_package(f) for f in files), key=lambda p: order.get(p, len(order)))
-        out.setdefault(owner, new_catalog()).add(
-            message, locations=[(f, None) for f in files])  # who prints it, for the translator
+    for keyword, context in (("tr", None), ("N_", LABEL)):
+        for message, files in extract(keyword).items():
+            owner = min((_package(f) for f in files), key=lambda p: order.get(p, len(order)))
+            out.setdefault(owner, new_catalog()).add(  # locations: who prints it, for the
+                message, context=context, locations=[(f, None) for f in files])  # translator
     for text in course_texts():
         out.setdefault("", new_catalog()).add(text, context=COURSE)
     return out

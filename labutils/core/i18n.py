@@ -11,6 +11,10 @@ polib, once, at import: no compiled .mo to keep in step with the .po, and the ra
 a forkserver that imported core, inherit the table. As in gettext, a fuzzy or untranslated
 entry falls back to the English. Numbers, code and API names stay as they are in both languages.
 
+Data that a table shows (a variant's name, a link's note) stays English where it is a key; it is
+marked ``N_("one bucket")`` where it is defined, and ``label(name)`` shows it in the current
+language (catalog context "label").
+
 The language is a setting of this process. Ranks fork from a forkserver that started earlier,
 so they do not see a later ``set_language``: code that composes a message on the ranks passes
 ``language()`` to them and calls ``set_language`` there (``exercises.base.run_check`` does).
@@ -22,6 +26,7 @@ from pathlib import Path
 import polib
 
 LANGUAGES = ("en", "zh")
+LABEL = "label"  # the catalogs' msgctxt of data labels (N_)
 _PACKAGE = Path(__file__).resolve().parent.parent
 
 
@@ -55,6 +60,17 @@ def translate(text, language=None, context=None):
     """``text`` in ``language`` (default: the current one), unformatted; ``context`` is the
     catalog's msgctxt (the course map's text has one). English when there is no translation."""
     return _CATALOGS[language or _current].get((context, text), text)
+
+
+def N_(text):
+    """Marks ``text``, a data label defined here (a variant's name, a note), for the catalogs;
+    returns it unchanged, so the English stays the key the code looks it up by."""
+    return text
+
+
+def label(text):
+    """A data label marked with :func:`N_` where it is defined, in the current language."""
+    return translate(text, context=LABEL)
 
 
 def tr(template, **values):

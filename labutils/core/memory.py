@@ -62,9 +62,11 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass_type
 from torch.utils._pytree import tree_leaves
 
+from labutils.core.i18n import N_
+
 # fp32 state tensors per parameter that each optimiser keeps (ZeRO paper's K / 4).
 OPTIMIZER_STATES = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}
-TERMS = ("weights", "gradients", "optimizer", "activations", "temporary")
+TERMS = (N_("weights"), N_("gradients"), N_("optimizer"), N_("activations"), N_("temporary"))
 
 
 def count_parameters(model):

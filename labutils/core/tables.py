@@ -14,30 +14,37 @@ def display_width(text):
                0 if unicodedata.combining(ch) else 1 for ch in text)
 
 
-def pad(text, width):
-    """``text`` followed by spaces up to ``width`` display columns (``str.ljust`` counts
-    characters, which misaligns wide ones)."""
-    return text + " " * max(0, width - display_width(text))
+def pad(text, width, right=False):
+    """``text`` followed (``right``: preceded) by spaces up to ``width`` display columns
+    (``str.ljust`` counts characters, which misaligns wide ones)."""
+    fill = " " * max(0, width - display_width(text))
+    return fill + text if right else text + fill
 
 
 def _cells(rows):
     return [[f"{c:.4g}" if isinstance(c, float) else str(c) for c in row] for row in rows]
 
 
-def text_table(rows, header):
-    """``rows`` under ``header`` as aligned text columns."""
+def text_table(rows, header, align=None):
+    """``rows`` under ``header`` as aligned text columns; ``align``, one letter per column
+    ("l" or "r", e.g. "lrrr"), right-aligns the "r" columns (numbers), default all left."""
     cells = _cells(rows)
     header = [str(h) for h in header]
+    align = align or "l" * len(header)
+    if len(align) != len(header) or set(align) - {"l", "r"}:
+        raise ValueError(f"align needs one letter, l or r, per column ({len(header)}); "
+                         f"got {align!r}")
     widths = [max([display_width(h)] + [display_width(r[i]) for r in cells])
               for i, h in enumerate(header)]
-    lines = ["  ".join(pad(h, w) for h, w in zip(header, widths)).rstrip()]
-    lines += ["  ".join(pad(c, w) for c, w in zip(r, widths)).rstrip() for r in cells]
-    return "\n".join(lines)
+
+    def line(row):
+        return "  ".join(pad(c, w, a == "r") for c, w, a in zip(row, widths, align)).rstrip()
+    return "\n".join([line(header)] + [line(r) for r in cells])
 
 
-def table(rows, header):
-    """Print ``rows`` under ``header`` as aligned text columns."""
-    print(text_table(rows, header))
+def table(rows, header, align=None):
+    """Print ``rows`` under ``header`` as aligned text columns (``align``: see text_table)."""
+    print(text_table(rows, header, align))
 
 
 def markdown_table(rows, header):

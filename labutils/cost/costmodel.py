@@ -44,6 +44,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from labutils.core.i18n import N_
+
 ALGORITHMS = ("ring", "tree", "recursive_doubling", "halving_doubling")
 
 
@@ -251,14 +253,14 @@ class Link:
 # Line rates are the standards' (1 Gb/s = 125e6 B/s); latencies are typical small-message
 # figures for the stack named (assumed round numbers, not measured here).
 LINKS = {link.name: link for link in (
-    Link("1GbE", 125e6, 50e-6, "Gigabit Ethernet, TCP"),
-    Link("10GbE", 1.25e9, 20e-6, "10 Gigabit Ethernet, TCP"),
-    Link("25GbE", 3.125e9, 10e-6, "25 Gigabit Ethernet, TCP"),
-    Link("100Gb-IB", 12.5e9, 5e-6, "EDR InfiniBand, one adapter"),
-    Link("200Gb-IB", 25e9, 5e-6, "HDR InfiniBand, one adapter per GPU (DGX A100)"),
-    Link("PCIe4", 25e9, 5e-6, "PCIe 4.0 x16, GPU to GPU through the host"),
-    Link("NVLink-V100", 150e9, 3e-6, "V100 NVLink2/NVSwitch, 150 GB/s each way"),
-    Link("NVLink", 300e9, 3e-6, "A100 NVLink3/NVSwitch, 300 GB/s each way"),
+    Link("1GbE", 125e6, 50e-6, N_("Gigabit Ethernet, TCP")),
+    Link("10GbE", 1.25e9, 20e-6, N_("10 Gigabit Ethernet, TCP")),
+    Link("25GbE", 3.125e9, 10e-6, N_("25 Gigabit Ethernet, TCP")),
+    Link("100Gb-IB", 12.5e9, 5e-6, N_("EDR InfiniBand, one adapter")),
+    Link("200Gb-IB", 25e9, 5e-6, N_("HDR InfiniBand, one adapter per GPU (DGX A100)")),
+    Link("PCIe4", 25e9, 5e-6, N_("PCIe 4.0 x16, GPU to GPU through the host")),
+    Link("NVLink-V100", 150e9, 3e-6, N_("V100 NVLink2/NVSwitch, 150 GB/s each way")),
+    Link("NVLink", 300e9, 3e-6, N_("A100 NVLink3/NVSwitch, 300 GB/s each way")),
 )}
 
 

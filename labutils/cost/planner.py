@@ -34,6 +34,7 @@ import dataclasses
 import itertools
 from dataclasses import dataclass, field
 
+from labutils.core.i18n import N_
 from labutils.cost import costmodel as cm
 from labutils.cost import long_context as lc
 from labutils.cost.plan_checks import validate_layout
@@ -217,12 +218,12 @@ def predict(model, layout, batch_size, hardware, efficiency=None, recompute=True
     dp_exposed = _overlapped(window, dp_comm, dp_overlap)
     step = StepTime(m * work[slow], m * (stages[slow] * (tp_comm + cp_comm + ep_comm) + pp_comm)
                        + dp_comm, m * slot_comm + dp_exposed, bubble)
-    terms = {"compute": m * (work[slow] - stages[slow] * elementwise),
-             "memory-bound ops": m * stages[slow] * elementwise, "bubble": bubble,
-             "tensor parallel": m * stages[slow] * (tp_comm - tp_hidden),
-             "context parallel": m * stages[slow] * cp_exposed,
-             "expert parallel": m * stages[slow] * ep_comm,
-             "pipeline messages": m * pp_comm, "data parallel": dp_exposed}
+    terms = {N_("compute"): m * (work[slow] - stages[slow] * elementwise),
+             N_("memory-bound ops"): m * stages[slow] * elementwise, N_("bubble"): bubble,
+             N_("tensor parallel"): m * stages[slow] * (tp_comm - tp_hidden),
+             N_("context parallel"): m * stages[slow] * cp_exposed,
+             N_("expert parallel"): m * stages[slow] * ep_comm,
+             N_("pipeline messages"): m * pp_comm, N_("data parallel"): dp_exposed}
     return Prediction(
         layout, step, model.iteration_flops(batch_size, "none") / (n_gpus * step.total),
         max(memory_per_stage(model, layout, mode, stages, m)),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from labutils.core.i18n import N_
 from labutils.cost import costmodel as cm
 from labutils.cost.parallel_dims import ParallelDims
 
@@ -203,10 +204,10 @@ HARDWARE = {hw.name: hw for hw in (
     # DGX-2H: 16 V100 on NVSwitch; 8 x 100 Gb/s adapters shared by 16 GPUs. Peak as implied
     # by Shoeybi et al. ("39 TFLOP/s, 30% of peak").
     Hardware("V100-DGX-2H", 130e12, 32e9, 16, cm.LINKS["NVLink-V100"],
-             cm.Link("8x100Gb-IB/16", 6.25e9, 5e-6, "DGX-2H: 8 EDR adapters, 16 GPUs"),
+             cm.Link("8x100Gb-IB/16", 6.25e9, 5e-6, N_("DGX-2H: 8 EDR adapters, 16 GPUs")),
              V100_EFFICIENCY, 0.9e12),
-    Hardware("H100-80GB", 989e12, 80e9, 8, cm.Link("NVLink4", 450e9, 3e-6, "H100 NVLink4"),
-             cm.Link("400Gb-IB", 50e9, 5e-6, "NDR InfiniBand, one adapter per GPU"),
+    Hardware("H100-80GB", 989e12, 80e9, 8, cm.Link("NVLink4", 450e9, 3e-6, N_("H100 NVLink4")),
+             cm.Link("400Gb-IB", 50e9, 5e-6, N_("NDR InfiniBand, one adapter per GPU")),
              H100_EFFICIENCY, 3.35e12, A100_HALF_WIDTH),
 )}
 

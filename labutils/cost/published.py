@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from labutils.core.i18n import N_, tr
 from labutils.cost import planner as pl
 from labutils.cost.published_rows import (  # noqa: F401
     DATA,
@@ -249,23 +250,28 @@ def constant_origins(hardware):
     "borrowed from <GPU>"."""
     hw = pl.get_hardware(hardware)
     name = hw.name
-    out = [("peak FLOP/s", hw.peak_flops, "datasheet"), ("memory", hw.memory, "datasheet"),
-           ("HBM bandwidth", hw.hbm_bandwidth, "datasheet"),
-           ("links", (hw.intra.name, hw.inter.name), "datasheet"),
-           ("memory reserve", hw.memory - pl.usable_memory(hw), "allowance, not fitted")]
-    a100 = "Narayanan et al. 2021, Table 1: all ten rows"
+    sheet = tr("datasheet")
+    out = [(N_("peak FLOP/s"), hw.peak_flops, sheet), (N_("memory"), hw.memory, sheet),
+           (N_("HBM bandwidth"), hw.hbm_bandwidth, sheet),
+           (N_("links"), (hw.intra.name, hw.inter.name), sheet),
+           (N_("memory reserve"), hw.memory - pl.usable_memory(hw),
+            tr("allowance, not fitted"))]
+    a100 = tr("Narayanan et al. 2021, Table 1: all ten rows")
+    borrowed = tr("borrowed from {gpu}", gpu="A100-80GB")
     if name == "A100-80GB":
-        out += [("efficiency", hw.efficiency, f"fitted to {a100}"),
-                ("gemm_half_width", hw.gemm_half_width, f"at its bound in the fit to {a100}"),
-                ("link_efficiency", hw.link_efficiency, f"at its bound in the fit to {a100}")]
+        bound = tr("at its bound in the fit to {rows}", rows=a100)
+        out += [(N_("efficiency"), hw.efficiency, tr("fitted to {rows}", rows=a100)),
+                ("gemm_half_width", hw.gemm_half_width, bound),
+                ("link_efficiency", hw.link_efficiency, bound)]
     elif name in FITS:
         _, source, rows = FITS[name]
-        other = ("borrowed from A100-80GB" if name == "H100-80GB"
-                 else "default, not fitted (no shape term, datasheet link rate)")
-        out += [("efficiency", hw.efficiency, f"fitted to {source}: {rows}"),
+        other = (borrowed if name == "H100-80GB"
+                 else tr("default, not fitted (no shape term, datasheet link rate)"))
+        out += [(N_("efficiency"), hw.efficiency,
+                 tr("fitted to {rows}", rows=f"{source}: {rows}")),
                 ("gemm_half_width", hw.gemm_half_width, other),
                 ("link_efficiency", hw.link_efficiency, other)]
     else:
-        out += [(k, getattr(hw, k), "borrowed from A100-80GB")
-                for k in ("efficiency", "gemm_half_width", "link_efficiency")]
+        out += [(k, getattr(hw, k), borrowed)
+                for k in (N_("efficiency"), "gemm_half_width", "link_efficiency")]
     return out

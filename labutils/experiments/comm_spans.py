@@ -35,6 +35,7 @@ import torch.distributed.distributed_c10d as c10d
 from scipy import stats as _st
 
 from labutils.core.commcount import count_collectives
+from labutils.core.i18n import N_
 from labutils.core.rank import progress
 from labutils.core.timeline import Span, Timeline
 from labutils.core.timing import slowest_rank
@@ -278,6 +279,6 @@ def predicted_exposed(profile, step_s, alpha, beta, world_size=2):
     backward = profile["backward share"] * step_s
     equal = step_time.data_parallel_step(step_s, sum(nbytes), world_size, (alpha, beta),
                                          overlap=1.0, num_buckets=len(nbytes))
-    return {"no overlap": sum(comm), "equal buckets": equal.exposed_comm,
-            "this run's buckets": step_time.exposed_comm([f * backward for f in profile["ready"]],
-                                                         comm, backward)}
+    return {N_("no overlap"): sum(comm), N_("equal buckets"): equal.exposed_comm,
+            N_("this run's buckets"): step_time.exposed_comm(
+                [f * backward for f in profile["ready"]], comm, backward)}

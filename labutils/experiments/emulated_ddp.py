@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from labutils.core.i18n import tr
+from labutils.core.i18n import N_, label, tr
 from labutils.core.launcher import launch
 from labutils.core.rank import progress
 from labutils.core.tables import text_table
@@ -36,14 +36,14 @@ from labutils.parallel.emulation import emulated_allreduce_hook
 
 # variant -> (bucket_cap_mb, dtype on the wire); 1e6 MB puts every gradient in one bucket
 VARIANTS = {
-    "one bucket": (1e6, None),
-    "buckets": (0.25, None),
-    "buckets + bf16": (0.25, torch.bfloat16),
+    N_("one bucket"): (1e6, None),
+    N_("buckets"): (0.25, None),
+    N_("buckets + bf16"): (0.25, torch.bfloat16),
 }
 NO_COMM = "no communication"
 # a "link" that is no emulation: BucketedDDP's own gloo all-reduce, the real run the cost model
 # (with this machine's fitted alpha and beta) is tested against; fp32 variants only
-REAL = "real gloo"
+REAL = N_("real gloo")
 
 
 def mlp(width=512, depth=4, classes=10, seed=0):
@@ -146,7 +146,7 @@ def run(links=("1GbE", "10GbE"), world_size=2, steps=4, width=512, depth=4, batc
                 predicted=predict(compute.median, res0["grad_bytes"], wire, world_size,
                                   res0["num_buckets"][name], overlap=name != "one bucket",
                                   compressed=dtype is not None, floor=None if real else floor),
-                binds="local" if real else binding_floor(
+                binds=N_("local") if real else binding_floor(
                     res0["grad_bytes"], link, world_size, res0["num_buckets"][name],
                     dtype is not None, floor)))
     return rows
@@ -165,7 +165,7 @@ def binding_floor(grad_bytes, link, world_size, num_buckets, compressed, floor):
                                            num_buckets=num_buckets).comm
     here = step_time.data_parallel_step(0.0, nbytes, world_size, tuple(floor),
                                         num_buckets=num_buckets).comm
-    return "link" if on_link > here else "local"
+    return N_("link") if on_link > here else N_("local")
 
 
 def assert_same_gradients(per_rank, variants):
@@ -199,24 +199,19 @@ def predict(compute_s, grad_bytes, link, world_size, num_buckets, overlap, compr
     return world_size * compute_s / (compute_s + exposed)
 
 
-def _say(word):
-    """A variant's, a link's or a floor's name as the table prints it (the rows keep English)."""
-    return {"one bucket": tr("one bucket"), "buckets": tr("buckets"),
-            "buckets + bf16": tr("buckets + bf16"), REAL: tr("real gloo"),
-            "local": tr("local"), "link": tr("link")}.get(word, word)
-
-
 def table(rows, binds=False):
     """The rows as text: one line per (link, variant); ``binds=True`` adds which floor binds
     (``binding_floor``) and leaves out the model column (a check of the bookkeeping only)."""
     compute = tr("compute only: {ms} ms per step", ms=f"{rows[0]['compute'].median * 1e3:.1f}")
     if binds:
-        body = text_table([(_say(r["link"]), _say(r["variant"]), f"{r['step'].median * 1e3:.1f}",
-                            f"{r['measured']:.2f}", _say(r["binds"])) for r in rows],
+        body = text_table([(label(r["link"]), label(r["variant"]),
+                            f"{r['step'].median * 1e3:.1f}", f"{r['measured']:.2f}",
+                            label(r["binds"])) for r in rows],
                           [tr("link"), tr("variant"), tr("step ms"), tr("speedup (of medians)"),
                            tr("floor that binds")])
         return body + "\n" + compute
-    body = text_table([(_say(r["link"]), _say(r["variant"]), f"{r['step'].median * 1e3:.1f}",
-                        f"{r['measured']:.2f}", f"{r['predicted']:.2f}") for r in rows],
+    body = text_table([(label(r["link"]), label(r["variant"]),
+                        f"{r['step'].median * 1e3:.1f}", f"{r['measured']:.2f}",
+                        f"{r['predicted']:.2f}") for r in rows],
                       [tr("link"), tr("variant"), tr("step ms"), tr("speedup"), tr("model")])
     return body + "\n" + compute

@@ -9,6 +9,7 @@ import random
 import time
 
 from labutils.core.env import one_thread
+from labutils.core.i18n import N_
 from labutils.core.rank import progress
 from labutils.experiments.sgd_runs import (
     run_hogwild,
@@ -118,7 +119,7 @@ def straggler_runs(X, y, cfg, workers=2, repeats=7, orders=20):
                                                            warn=True),  # + the server
         "Hogwild": lambda c: run_hogwild(X, y, c, world_size=workers, warn=True),
     }
-    runs = {(name, d): [] for d in ("straggler", "no straggler") for name in variants}
+    runs = {(name, d): [] for d in (N_("straggler"), N_("no straggler")) for name in variants}
     for i in range(repeats):                         # interleaved: noise hits every variant
         for (name, d), rs in runs.items():
             t0 = time.perf_counter()

@@ -1,6 +1,7 @@
 """The labs' own figures: collectives drawn rank by rank, all-reduce times with their fits,
 async SGD runs, a pipeline sweep, a memory breakdown, emulated-link speedups."""
 from labutils.core.memory import TERMS
+from labutils.core.i18n import label, tr
 
 
 def _draw_ranks(ax, values, title):
@@ -47,12 +48,12 @@ def plot_all_reduce_times(sizes, stats, world_size, fits=None, ax=None, title=No
     for impl, st in stats.items():
         med = [s.median for s in st]
         err = [[m - s.min for m, s in zip(med, st)], [s.max - m for m, s in zip(med, st)]]
-        ax.errorbar(sizes, med, yerr=err, marker="o", capsize=3, label=f"{impl} (measured)")
+        ax.errorbar(sizes, med, yerr=err, marker="o", capsize=3, label=tr("{impl} (measured)", impl=impl))
     for label, secs in (fits or {}).items():
         ax.plot(sizes, secs, "--", label=label)
     ax.set_xscale("log", base=2), ax.set_yscale("log")
-    ax.set_xlabel("message size (bytes)"), ax.set_ylabel("all-reduce time (s)")
-    ax.set_title(title or f"all-reduce on {world_size} ranks")
+    ax.set_xlabel(tr("message size (bytes)")), ax.set_ylabel(tr("all-reduce time (s)"))
+    ax.set_title(title or tr("all-reduce on {world_size} ranks", world_size=world_size))
     ax.legend(fontsize=8)
     return ax
 
@@ -66,10 +67,10 @@ def plot_runs(runs, axes=None):
         axes[0].plot(run["examples"], run["loss"], marker=".", label=run["name"])
         if "time" in run:
             axes[1].plot(run["time"], run["loss"], marker=".", label=run["name"])
-    axes[0].set_xlabel("examples processed (all workers)")
-    axes[1].set_xlabel("wall time (s)")
+    axes[0].set_xlabel(tr("examples processed (all workers)"))
+    axes[1].set_xlabel(tr("wall time (s)"))
     for ax in axes:
-        ax.set_ylabel("training loss"), ax.legend(fontsize=8)
+        ax.set_ylabel(tr("training loss")), ax.legend(fontsize=8)
     return axes
 
 
@@ -78,13 +79,13 @@ def plot_sweep(rows, title=""):
     import matplotlib.pyplot as plt
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.2))
     ms = [r["m"] for r in rows]
-    for ax, key, label in ((ax1, "bubble", "bubble fraction"),
-                           (ax2, "throughput", "throughput (samples/s)")):
-        ax.plot(ms, [r[f"predicted_{key}"] for r in rows], "-", label="predicted")
-        ax.plot(ms, [r[f"measured_{key}"] for r in rows], "o", label="measured")
+    for ax, key, name in ((ax1, "bubble", tr("bubble fraction")),
+                          (ax2, "throughput", tr("throughput (samples/s)"))):
+        ax.plot(ms, [r[f"predicted_{key}"] for r in rows], "-", label=tr("predicted"))
+        ax.plot(ms, [r[f"measured_{key}"] for r in rows], "o", label=tr("measured"))
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("micro-batches m")
-        ax.set_ylabel(label)
+        ax.set_xlabel(tr("micro-batches m"))
+        ax.set_ylabel(name)
         ax.legend(fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
@@ -103,12 +104,12 @@ def plot_memory(estimates, measured=None, ax=None, unit=2 ** 20, unit_name="MiB"
     bottom = [0.0] * len(labels)
     for term in TERMS:
         vals = [estimates[k][term] / unit for k in labels]
-        ax.bar(labels, vals, bottom=bottom, label=term)
+        ax.bar(labels, vals, bottom=bottom, label=label(term))
         bottom = [b + v for b, v in zip(bottom, vals)]
     if measured:
         ax.scatter([k for k in labels if k in measured], [measured[k] / unit for k in labels
                    if k in measured], color="black", marker="_", s=900, linewidths=2.5,
-                   label="measured peak", zorder=3)
+                   label=tr("measured peak"), zorder=3)
     ax.set_ylabel(unit_name)
     ax.legend(fontsize=8)
     return ax
@@ -131,13 +132,13 @@ def plot_emulated_ddp(rows, ax=None, world_size=2):
         ax.errorbar(gbps, mid, yerr=[[m - a for m, a in zip(mid, lo)],
                                      [b - m for m, b in zip(mid, hi)]],
                     fmt="o", color=color, capsize=3, label=name)
-    ax.axhline(world_size, color="gray", ls=":", label=f"ideal: {world_size} ranks")
+    ax.axhline(world_size, color="gray", ls=":", label=tr("ideal: {world_size} ranks", world_size=world_size))
     ax.set_xscale("log")
     ticks = dict((r["link"], r["gbps"]) for r in rows)
     ax.set_xticks(list(ticks.values()), list(ticks))
     ax.minorticks_off()
-    ax.set(xlabel="emulated link", ylabel="speedup over 1 rank",
-           title="DDP on emulated links: measured (points) and cost model (lines)",
+    ax.set(xlabel=tr("emulated link"), ylabel=tr("speedup over 1 rank"),
+           title=tr("DDP on emulated links: measured (points) and cost model (lines)"),
            ylim=(0, world_size * 1.1))
     ax.legend(fontsize=8, loc="lower right")
     return ax

@@ -3,6 +3,7 @@ at its (pp, dp, tp) place, each group a line through its members (pp groups as a
 tp rank, so that no two cross the same ranks), one rank's groups in bold."""
 from __future__ import annotations
 
+from labutils.core.i18n import tr
 GROUP_COLORS = {"tp": "tab:red", "dp": "tab:blue", "pp": "tab:green", "cp": "tab:purple"}
 
 
@@ -47,17 +48,19 @@ def plot_mesh(dims, rank=None, ax=None):
             ax.plot(xs, ys, "-" if dim == "pp" else "-o", color=color, lw=4 if bold else 1.2,
                     ms=4,
                     alpha=1.0 if bold or rank is None else 0.45,
-                    label=f"{dim} group" if group == dims.all_groups(dim)[0] else None)
+                    label=tr("{dim} group", dim=dim) if group == dims.all_groups(dim)[0]
+                    else None)
     for r, (x, y) in where.items():
         ax.text(x, y, str(r), ha="center", va="center", fontsize=12, zorder=3,
                 bbox={"boxstyle": "round", "fc": "gold" if r == rank else "white", "ec": "black"})
     for s in range(dims.pp):
-        ax.text(s * (dims.tp + 1.2) + (dims.tp - 1) / 2, 0.75, f"stage pp={s}", ha="center",
+        ax.text(s * (dims.tp + 1.2) + (dims.tp - 1) / 2, 0.75, tr("stage pp={s}", s=s), ha="center",
                 fontsize=10)
     ax.set_xlim(-0.8, dims.pp * (dims.tp + 1.2) - 0.4)
     ax.set_ylim(-(dims.dp * dims.cp) + 0.2 - 0.18 * dims.tp, 1.1)
     ax.set_axis_off()
     ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
     title = f"ParallelDims(dp={dims.dp}, tp={dims.tp}, pp={dims.pp}, cp={dims.cp})"
-    ax.set_title(title + (f": the groups of rank {rank} in bold" if rank is not None else ""))
+    ax.set_title(title + (tr(": the groups of rank {rank} in bold", rank=rank)
+                          if rank is not None else ""))
     return ax

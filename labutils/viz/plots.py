@@ -6,6 +6,7 @@ median with a bar from min to max, because one timing on a shared laptop means l
 """
 from __future__ import annotations
 
+from labutils.core.i18n import tr
 from labutils.core.timing import Stats
 
 
@@ -51,7 +52,7 @@ def plot_bars(values, ax=None, ylabel="", title="", scale=1.0, annotate="{:.3g}"
 
 
 def plot_lines(x, series, ax=None, xlabel="", ylabel="", title="", scale=1.0, logx=False,
-               logy=False, ideal=None, markers="os^vD", ideal_label="ideal"):
+               logy=False, ideal=None, markers="os^vD", ideal_label=None):
     """Curves ``{label: [Stats or number per x]}`` with min-max error bars; ``ideal`` adds a
     dashed reference curve (a list of numbers, or a function of x), named ``ideal_label``."""
     ax = _axes(ax)
@@ -60,7 +61,8 @@ def plot_lines(x, series, ax=None, xlabel="", ylabel="", title="", scale=1.0, lo
         ax.errorbar(x, mids, yerr=err, marker=markers[i % len(markers)], capsize=3, label=label)
     if ideal is not None:
         ys = [ideal(v) for v in x] if callable(ideal) else ideal
-        ax.plot(x, ys, "k--", linewidth=1, label=ideal_label)
+        ax.plot(x, ys, "k--", linewidth=1, label=tr("ideal") if ideal_label is None
+                else ideal_label)
     if logx:
         ax.set_xscale("log", base=2)
     if logy:
@@ -101,11 +103,12 @@ def plot_scaling(times_by_world_size, ax=None, title="", weak=False, ideal=None)
     ps = sorted(times_by_world_size)
     s = speedup(times_by_world_size, baseline=ps[0])
     if weak:  # the work grows with p: ideal time stays flat, efficiency = t(1) / t(p)
-        ax = plot_lines(ps, {"efficiency": [s[p] for p in ps]}, ax=ax, xlabel="ranks",
-                        ylabel="efficiency  t(1)/t(p)", title=title, ideal=ideal or [1.0] * len(ps))
+        ax = plot_lines(ps, {tr("efficiency"): [s[p] for p in ps]}, ax=ax, xlabel=tr("ranks"),
+                        ylabel=tr("efficiency  t(1)/t(p)"), title=title,
+                        ideal=ideal or [1.0] * len(ps))
     else:
-        ax = plot_lines(ps, {"speedup": [s[p] for p in ps]}, ax=ax, xlabel="ranks",
-                        ylabel="speedup  t(1)/t(p)", title=title,
+        ax = plot_lines(ps, {tr("speedup"): [s[p] for p in ps]}, ax=ax, xlabel=tr("ranks"),
+                        ylabel=tr("speedup  t(1)/t(p)"), title=title,
                         ideal=ideal or (lambda p: p / ps[0]))
     ax.set_xticks(ps)   # rank counts are whole numbers
     return ax

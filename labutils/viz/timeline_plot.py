@@ -3,8 +3,13 @@ communication overlap (04c)."""
 import functools
 import math
 
+from labutils.core.i18n import N_, label, tr
 from labutils.core.timeline import normalise
 
+# the names timelines draw in their legends (span names stay the English keys; label() shows them)
+LEGEND_NAMES = (N_("forward"), N_("backward"), N_("compute"), N_("allreduce"), N_("comm"),
+                N_("send"), N_("recv"), N_("wait"), N_("idle"), N_("optimizer"), N_("transfer"),
+                N_("peer wait"), N_("queue"), N_("finished"), N_("pp recv"))
 DEFAULT_COLORS = {"forward": "tab:blue", "backward": "tab:green", "compute": "tab:blue",
                   "allreduce": "tab:red", "comm": "tab:red", "send": "tab:orange",
                   "recv": "tab:orange", "wait": "lightgrey", "idle": "lightgrey",
@@ -41,7 +46,7 @@ def plot_timeline(spans, ax=None, colors=None, title="", unit="ms"):
     _label_bars(ax, labelled)
     _legend_outside(ax, {n: colors[n] for n in by_name})
     _lane_axis(ax, ranks, [f"rank {r}" for r in ranks])
-    ax.set_xlabel(f"time ({unit})")
+    ax.set_xlabel(tr("time ({unit})", unit=unit))
     if title:
         ax.set_title(title)
     return ax
@@ -151,7 +156,7 @@ def _legend_outside(ax, colors, fontsize=9):
         return None
     from matplotlib.patches import Patch
     handles = [Patch(facecolor=c, edgecolor="black", linewidth=0.3) for c in colors.values()]
-    return ax.legend(handles, list(colors), loc="upper left", bbox_to_anchor=(1.01, 1),
+    return ax.legend(handles, [label(n) for n in colors], loc="upper left", bbox_to_anchor=(1.01, 1),
                      borderaxespad=0, fontsize=fontsize, frameon=False)
 
 
@@ -193,11 +198,11 @@ def plot_overlap(spans, ax=None, title=""):
             labelled.append((bar, s.label))
     _label_bars(ax, labelled, fontsize=7)
     _lane_axis(ax, [2 * r + k for r in ranks for k in (0, 1)],
-               [f"rank {r} {what}" for r in ranks for what in ("compute", "comm")])
+               [f"rank {r} {label(what)}" for r in ranks for what in ("compute", "comm")])
     names = [n for n in ("forward", "backward", "wait") + COMM_NAMES
              if any(s.name == n for s in spans)]
     _legend_outside(ax, {n: DEFAULT_COLORS[n] for n in names})
-    ax.set_xlabel("time (ms)")
+    ax.set_xlabel(tr("time ({unit})", unit="ms"))
     if title:
         ax.set_title(title)
     return ax

@@ -6,10 +6,12 @@ repository, nothing is executed:
 * ``notebooks/<lab>.ipynb`` / ``notebooks/<lab>.zh.ipynb``: the committed notebooks with their
   stored outputs, knob panels (widget outputs) replaced by a note, ``text/latex`` outputs given
   MathML;
-* ``guide/<lab>.md``: the teacher's guide (guide/<lab>.md) with its ``<!-- solutions -->``
-  marker replaced by the lab's reference solutions, read from labutils/exercises/;
-* ``handouts/<lab>.md``: a printable handout per lab: the first cell (central question, lesson
-  plan, objectives), the key figures (the notebook's stored images) and the exercise cells.
+* ``guide/<lab>.md`` / ``guide/<lab>.zh.md``: the teacher's guide (guide/<lab>.md, its Chinese
+  guide/zh/<lab>.md) with its ``<!-- solutions -->`` marker replaced by the lab's reference
+  solutions, read from labutils/exercises/;
+* ``handouts/<lab>.md`` / ``handouts/<lab>.zh.md``: a printable handout per lab and edition: the
+  first cell (central question, lesson plan, objectives), the key figures (the notebook's stored
+  images) and the exercise cells.
 """
 from __future__ import annotations
 
@@ -28,7 +30,18 @@ from landing import landing, title_of
 
 ROOT = Path(__file__).resolve().parents[2]
 MARKER = "<!-- solutions -->"
-SOLUTIONS = "## Exercise solutions"
+SOLUTIONS = {"en": "## Exercise solutions", "zh": "## 练习参考答案"}
+# the words the staged pages add, per edition
+WORDS = {
+    "en": {"handout": "Printable student handout: [handout for {lab}](../handouts/{lab}.md).",
+           "no solution": "This lab has no exercise with a reference solution.",
+           "title": "Handout: {title}", "figures": "Key figures", "exercises": "Exercises",
+           "figure": "Figure {i}", "caption": "Figure {i} of {lab} (stored run)"},
+    "zh": {"handout": "可打印的学生讲义：[{lab} 的讲义](../handouts/{lab}.md)。",
+           "no solution": "本实验没有带参考答案的练习。",
+           "title": "讲义：{title}", "figures": "关键图表", "exercises": "练习",
+           "figure": "图 {i}", "caption": "{lab} 的图 {i}（存储的运行结果）"},
+}
 ALLOW_MISSING_GUIDE = "LU_SITE_ALLOW_MISSING_GUIDE"
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 PANEL_NOTE = {
@@ -84,30 +97,33 @@ def solution_source(name: str) -> str:
     return inspect.getsource(getattr(module, name))
 
 
-def guide_page(lab, path: Path) -> str:
-    """guide/<lab>.md with its marker replaced by every reference solution of the lab."""
+def guide_page(lab, path: Path, lang: str = "en") -> str:
+    """guide/<lab>.md (``lang`` "zh": guide/zh/<lab>.md) with its marker replaced by every
+    reference solution of the lab."""
     text = path.read_text(encoding="utf-8")
     lines = [line.strip() for line in text.splitlines()]
-    if lines.count(MARKER) != 1 or SOLUTIONS not in lines or \
-            lines.index(SOLUTIONS) > lines.index(MARKER):
-        raise SiteError(f"{rel(path)}: a guide page ends with a section '{SOLUTIONS}' holding "
+    heading = SOLUTIONS[lang]
+    if lines.count(MARKER) != 1 or heading not in lines or \
+            lines.index(heading) > lines.index(MARKER):
+        raise SiteError(f"{rel(path)}: a guide page ends with a section '{heading}' holding "
                         f"the marker line '{MARKER}' once (the build puts the reference "
                         f"solutions there)")
+    words = WORDS[lang]
     blocks = [f"### `{name}`\n\n```python\n{solution_source(name).rstrip()}\n```\n"
-              for name in lab.checkers] or ["This lab has no exercise with a reference "
-                                            "solution.\n"]
-    handout = f"\nPrintable student handout: [handout for {lab.notebook}]" \
-              f"(../handouts/{lab.notebook}.md).\n"
+              for name in lab.checkers] or [words["no solution"] + "\n"]
+    handout = "\n" + words["handout"].format(lab=lab.notebook) + "\n"
     return re.sub(rf"^[ \t]*{re.escape(MARKER)}[ \t]*$", lambda m: "\n".join(blocks), text,
                   flags=re.M) + handout
 
 
-def guide_paths(labs):
-    """Each lab's guide page; a missing one fails the build unless LU_SITE_ALLOW_MISSING_GUIDE=1
-    (while the guide is being written) leaves that lab out of the guide."""
+def guide_paths(labs, lang="en"):
+    """Each lab's guide page (``lang`` "zh": guide/zh/); a missing one fails the build unless
+    LU_SITE_ALLOW_MISSING_GUIDE=1 (while the guide is being written) leaves that lab out of
+    the guide (the Chinese site then shows the English page)."""
+    folder = ROOT / "guide" / ("zh" if lang == "zh" else "")
     paths, missing = {}, []
     for lab in labs:
-        path = ROOT / "guide" / f"{lab.notebook}.md"
+        path = folder / f"{lab.notebook}.md"
         if path.exists():
             paths[lab.notebook] = path
         else:
@@ -150,9 +166,10 @@ def exercise_sections(cells):
     return pieces
 
 
-def handout_page(lab, source: Path, figures_dir: Path) -> str:
+def handout_page(lab, source: Path, figures_dir: Path, lang: str = "en") -> str:
     """Objectives and lesson plan (the first cell), key figures (the stored images outside the
     exercises), and the exercise sections (their text and code, never a show_solution cell)."""
+    words = WORDS[lang]
     cells = nbformat.read(source, as_version=4).cells
     first = cells[0].source
     figures, exercises = [], []
@@ -170,14 +187,15 @@ def handout_page(lab, source: Path, figures_dir: Path) -> str:
                     figures.append(f"fig{len(figures) + 1}.png")
                     figures_dir.mkdir(parents=True, exist_ok=True)
                     (figures_dir / figures[-1]).write_bytes(base64.b64decode(png))
-    body = [f"# Handout: {title_of(first, lab.notebook)}",
+    body = ["# " + words["title"].format(title=title_of(first, lab.notebook)),
             "\n".join(line for line in first.splitlines() if not line.startswith("# ")),
-            "## Key figures" if figures else ""]
-    body += [f'<figure class="lu-figure" markdown>\n![Figure {i}]({lab.notebook}/{name})\n'
-             f"<figcaption>Figure {i} of {lab.notebook} (stored run)</figcaption>\n</figure>"
-             for i, name in enumerate(figures, 1)]
+            "## " + words["figures"] if figures else ""]
+    body += [f'<figure class="lu-figure" markdown>\n![{words["figure"].format(i=i)}]'
+             f'({figures_dir.name}/{name})\n'
+             f'<figcaption>{words["caption"].format(i=i, lab=lab.notebook)}</figcaption>\n'
+             f'</figure>' for i, name in enumerate(figures, 1)]
     if exercises:  # the exercise sheet starts on a new page when printed
-        body += ['<div class="lu-page-break"></div>', "## Exercises", *exercises]
+        body += ['<div class="lu-page-break"></div>', "## " + words["exercises"], *exercises]
     return "\n\n".join(part for part in body if part.strip()) + "\n"
 
 
@@ -191,6 +209,7 @@ def stage(docs: Path, assets: Path):
             raise SiteError(f"notebooks/zh/{lab.notebook}.ipynb is missing: make zh builds the "
                             f"Chinese edition")
     guides = guide_paths(labs)
+    guides_zh = guide_paths(labs, "zh")
     if docs.exists():
         shutil.rmtree(docs)
     docs.mkdir(parents=True)
@@ -207,11 +226,17 @@ def stage(docs: Path, assets: Path):
         (docs / "handouts" / f"{name}.md").write_text(handout_page(
             lab, ROOT / "notebooks" / f"{name}.ipynb", docs / "handouts" / name),
             encoding="utf-8")
-        if name in guides:
-            text = guide_page(lab, guides[name])
+        (docs / "handouts" / f"{name}.zh.md").write_text(handout_page(
+            lab, ROOT / "notebooks" / "zh" / f"{name}.ipynb", docs / "handouts" / f"{name}.zh",
+            "zh"), encoding="utf-8")
+        for lang, found, suffix in (("en", guides, ""), ("zh", guides_zh, ".zh")):
+            if name not in found:
+                continue
+            text = guide_page(lab, found[name], lang)
             (docs / "guide").mkdir(exist_ok=True)
-            (docs / "guide" / f"{name}.md").write_text(text, encoding="utf-8")
-            for target in local_links(guides[name], text):
+            (docs / "guide" / f"{name}{suffix}.md").write_text(text, encoding="utf-8")
+            # links are written from guide/ in both editions (guide/zh/ keeps the targets)
+            for target in local_links(ROOT / "guide" / f"{name}.md", text):
                 (docs / rel(target)).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(target, docs / rel(target))
     nav = [{"Home": "index.md"},
