@@ -3,8 +3,8 @@
 The guide (guide/<lab>.md, guide/zh/<lab>.md) tells a teacher what to expect by quoting the
 committed notebook's stored outputs: "the committed run printed 1.22x (95% CI 1.07-1.47)". After a
 lab is executed again those figures change, and a guide that quotes the old run contradicts the
-notebook the teacher projects. This check reads each paragraph or list item that names the
-committed run ("committed run(s)", "committed table" / 「提交的运行」「提交的那次运行」) and looks up every decimal number in it among
+notebook the teacher projects. This check reads each block (a paragraph, or a list with the line
+above it, between blank lines) that names the committed run ("committed run(s)", "committed table" / 「提交的运行」「提交的那次运行」) and looks up every decimal number in it (sign aside) among
 the lab's stored outputs (English page: notebooks/<lab>.ipynb; Chinese page: notebooks/zh/,
 whose run is its own). A number that is in the lab's code or markdown is a parameter, not a
 result, and passes; a number that is neither (a prediction, the course map's budget) is named in
@@ -22,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 MARKERS = {"en": re.compile(r"committed (run|table)"), "zh": re.compile(r"提交的(那次)?运行")}
-NUMBER = re.compile(r"(?<![\w.])-?\d+\.\d+(?![\w.])")
+NUMBER = re.compile(r"(?<![\w.])\d+\.\d+(?![\w.])")  # signs aside: − or -
 NOT_FROM_RUN = re.compile(r"<!--\s*not from the run:([^>]*)-->")
 
 
@@ -47,11 +47,12 @@ def stale_quotes(page: Path, notebook: Path, lang: str) -> list[str]:
     outputs, sources = notebook_texts(notebook)
     allowed = {n for group in NOT_FROM_RUN.findall(text) for n in group.split()}
     stale = []
-    for paragraph in re.split(r"\n(?=\s*(?:- |\d+\. |\|)|\s*\n)", text):
-        if not MARKERS[lang].search(paragraph):
-            continue
-        stale += [n for n in NUMBER.findall(paragraph)
-                  if n not in outputs and n not in sources and n not in allowed]
+    printed = set(NUMBER.findall(outputs)) | set(NUMBER.findall(sources))
+    # a block (blank lines around it: a paragraph, or a list under a bold line that names the
+    # run) that names the committed run: its numbers are the run's
+    for block in re.split(r"\n\s*\n", text):
+        if MARKERS[lang].search(block):
+            stale += [n for n in NUMBER.findall(block) if n not in printed | allowed]
     return stale
 
 
