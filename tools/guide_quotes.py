@@ -4,8 +4,9 @@ The guide (guide/<lab>.md, guide/zh/<lab>.md) tells a teacher what to expect by 
 committed notebook's stored outputs: "the committed run printed 1.22x (95% CI 1.07-1.47)". After a
 lab is executed again those figures change, and a guide that quotes the old run contradicts the
 notebook the teacher projects. This check reads each block (a paragraph, or a list with the line
-above it, between blank lines) that names the committed run ("committed run(s)", "committed table" / 「提交的运行」「提交的那次运行」) and looks up every decimal number in it (sign aside) among
-the lab's stored outputs (English page: notebooks/<lab>.ipynb; Chinese page: notebooks/zh/,
+above it, between blank lines) that names the committed run ("committed run", "committed
+table", 「提交的运行」, 「提交的那次运行」) and looks up every decimal number in it (sign aside)
+among the lab's stored outputs (English page: notebooks/<lab>.ipynb; Chinese page: notebooks/zh/,
 whose run is its own). A number that is in the lab's code or markdown is a parameter, not a
 result, and passes; a number that is neither (a prediction, the course map's budget) is named in
 an HTML comment on the page, ``<!-- not from the run: 1.5 0.23 -->``, which the site does not
