@@ -114,12 +114,15 @@ def machine():
     cores = cpu_count()
     try:
         import psutil
-        mem = f", {psutil.virtual_memory().total / 2**30:.0f} GiB RAM"
+        mem = tr(", {gib} GiB RAM", gib=f"{psutil.virtual_memory().total / 2**30:.0f}")
     except ImportError:
         mem = ""
-    gpu = (f", GPU {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ", no GPU")
-    return (f"{cpu}, {cores} cores{mem}{gpu}; {platform.system()} {platform.release()}, "
-            f"Python {platform.python_version()}, torch {torch.__version__}")
+    gpu = (tr(", GPU {name}", name=torch.cuda.get_device_name(0))
+           if torch.cuda.is_available() else tr(", no GPU"))
+    return tr("{cpu}, {cores} cores{mem}{gpu}; {system} {release}, Python {python}, torch "
+              "{torch}", cpu=cpu, cores=cores, mem=mem, gpu=gpu, system=platform.system(),
+              release=platform.release(), python=platform.python_version(),
+              torch=torch.__version__)
 
 
 @contextlib.contextmanager

@@ -14,7 +14,7 @@ from labutils.core.i18n import N_
 from labutils.cost import costmodel as cm
 from labutils.cost.parallel_dims import ParallelDims
 
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = (N_("none"), N_("selective"), N_("full"))
 
 
 def zero_state_bytes(num_params, world_size, stage, weight_bytes=4, grad_bytes=4,

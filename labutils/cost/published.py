@@ -192,7 +192,7 @@ def error_table(rows=None):
         group = [r for r in rows if source_of(r) == key]
         table[key] = (len(group), sum(abs(r["error"]) for r in group) / len(group),
                       sum(abs(r["constant_error"]) for r in group) / len(group))
-    table["all"] = (len(rows), sum(abs(r["error"]) for r in rows) / len(rows),
+    table[N_("all")] = (len(rows), sum(abs(r["error"]) for r in rows) / len(rows),
                     sum(abs(r["constant_error"]) for r in rows) / len(rows))
     return table
 
@@ -213,9 +213,9 @@ def in_sample_table():
 # plausible values (data/published/README.md lists those swept that move it less): the encoded
 # value first.
 UNKNOWNS = {
-    "Llama 3 interleaving depth v": ("llama3", "virtual_stages", (8, 4, 2, 1)),
-    "MT-NLG micro-batch size": ("smith2022", "micro_batch", (1, 2, 4)),
-    "MegaScale's Megatron-LM micro-batch size": ("jiang2024", "micro_batch", (1, 2)),
+    N_("Llama 3 interleaving depth v"): ("llama3", "virtual_stages", (8, 4, 2, 1)),
+    N_("MT-NLG micro-batch size"): ("smith2022", "micro_batch", (1, 2, 4)),
+    N_("MegaScale's Megatron-LM micro-batch size"): ("jiang2024", "micro_batch", (1, 2)),
 }
 
 

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from labutils.core.i18n import N_
 from labutils.experiments.comm_spans import AfterBackwardDDP, one_thread_group, paired_rounds
 from labutils.parallel.ddp import BucketedDDP
 from labutils.parallel.emulated_stages import make_pipeline_mlp
@@ -55,8 +56,8 @@ def overlap_worker(rank, world_size, rounds=21, depth=6, width=384, layer_ms=0.4
     step(after, True)
     diff = max((p.grad - q.grad).abs().max().item()
                for p, q in zip(overlapped.parameters(), after.parameters()))
-    out = paired_rounds({"overlapped": lambda: step(overlapped, True),
-                         "after backward": lambda: step(after, True),
+    out = paired_rounds({N_("overlapped"): lambda: step(overlapped, True),
+                         N_("after backward"): lambda: step(after, True),
                          "no_sync": lambda: step(overlapped, False)}, rounds)
     dist.barrier(group=group)
     return dict(out, buckets=len(overlapped.buckets), **{"grad max diff": diff,

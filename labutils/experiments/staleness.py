@@ -114,8 +114,8 @@ def straggler_runs(X, y, cfg, workers=2, repeats=7, orders=20):
     fast = with_(cfg, delay=0.0)
     big = lambda c: with_(c, lr=workers * c.lr)      # the linear scaling rule
     variants = {
-        "sync": lambda c: run_sync(X, y, big(c), world_size=workers, warn=True),
-        "parameter server": lambda c: run_parameter_server(X, y, c, world_size=workers + 1,
+        N_("sync"): lambda c: run_sync(X, y, big(c), world_size=workers, warn=True),
+        N_("parameter server"): lambda c: run_parameter_server(X, y, c, world_size=workers + 1,
                                                            warn=True),  # + the server
         "Hogwild": lambda c: run_hogwild(X, y, c, world_size=workers, warn=True),
     }

@@ -131,11 +131,12 @@ def plot_emulated_ddp(rows, ax=None, world_size=2):
         mid = [r["measured"] for r in rs]
         ax.errorbar(gbps, mid, yerr=[[m - a for m, a in zip(mid, lo)],
                                      [b - m for m, b in zip(mid, hi)]],
-                    fmt="o", color=color, capsize=3, label=name)
-    ax.axhline(world_size, color="gray", ls=":", label=tr("ideal: {world_size} ranks", world_size=world_size))
+                    fmt="o", color=color, capsize=3, label=label(name))
+    ax.axhline(world_size, color="gray", ls=":",
+               label=tr("ideal: {world_size} ranks", world_size=world_size))
     ax.set_xscale("log")
     ticks = dict((r["link"], r["gbps"]) for r in rows)
-    ax.set_xticks(list(ticks.values()), list(ticks))
+    ax.set_xticks(list(ticks.values()), [label(link) for link in ticks])
     ax.minorticks_off()
     ax.set(xlabel=tr("emulated link"), ylabel=tr("speedup over 1 rank"),
            title=tr("DDP on emulated links: measured (points) and cost model (lines)"),
