@@ -269,6 +269,20 @@ def test_search_index_holds_a_labs_own_words(site):
 
 
 @pytest.mark.slow
+def test_search_splits_chinese_text_into_words(site):
+    """Chinese has no spaces: without a segmenter a whole sentence is one search token and
+    「气泡」 finds nothing. jieba (requirements.txt) puts zero-width spaces between words and
+    the separator in mkdocs.yml splits on them."""
+    index = json.loads((site / "search" / "search_index.json").read_text(encoding="utf-8"))
+    separator = index["config"]["separator"]  # Python's re reads \u200b as JavaScript does
+    assert re.split(separator, "流水线\u200b气泡") == ["流水线", "气泡"], separator
+    hits = {doc["location"].split("#")[0] for doc in index["docs"]
+            if "气泡" in re.split(separator, doc["text"])}
+    assert "zh/notebooks/06a2_pipeline_schedules.html" in hits, sorted(hits)
+    assert not any(h.startswith("notebooks/") for h in hits)  # the English pages say "bubble"
+
+
+@pytest.mark.slow
 def test_nothing_is_loaded_from_the_internet(site):
     problems = [f"{page.relative_to(site)}: {fetch}" for page in pages(site)
                 for fetch in internet_fetches(page.read_text(encoding="utf-8"))]

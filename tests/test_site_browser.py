@@ -170,6 +170,18 @@ def test_search_finds_a_lab_by_its_own_word(page, site_url):
     assert page.blocked == [], f"the page tried to load from the internet: {page.blocked}"
 
 
+def test_search_finds_a_chinese_word_inside_a_sentence(page, site_url):
+    page.goto(site_url + "zh/index.html", wait_until="load")
+    query = page.locator("input.md-search__input")
+    if not query.is_visible():
+        page.locator('label.md-header__button[for="__search"]').first.click()
+    query.fill("气泡")  # "bubble": inside sentences, never set off by spaces
+    page.locator(".md-search-result__item a").first.wait_for(state="visible")
+    hrefs = page.locator(".md-search-result__item a").evaluate_all(
+        "links => links.map(a => a.getAttribute('href'))")
+    assert any("06a2_pipeline_schedules" in href for href in hrefs), hrefs
+
+
 def test_landing_reads_at_1024_px_and_a_handout_prints_without_the_site_around_it(
         page, site_url, tmp_path):
     page.goto(site_url + "index.html", wait_until="load")
