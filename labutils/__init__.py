@@ -52,7 +52,7 @@ def _show_interrupted(shell, etype, value, tb, tb_offset=None):
     return stb
 
 
-def _register_interrupt_display():
+def _set_up_notebook():
     try:
         from IPython import get_ipython
     except ImportError:
@@ -60,9 +60,12 @@ def _register_interrupt_display():
     shell = get_ipython()
     if shell is not None and hasattr(shell, "set_custom_exc"):
         shell.set_custom_exc((LaunchInterrupted,), _show_interrupted)
+    if shell is not None:   # a notebook: figures sized for a projector (viz/style.py)
+        from labutils.viz import style
+        style.use_projector_style()
 
 
-_register_interrupt_display()
+_set_up_notebook()
 
 
 def show_source(obj):

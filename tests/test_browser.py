@@ -363,3 +363,58 @@ def test_a_lab_presents_as_slides_with_rise(tmp_path):
         finally:
             context.close()
     assert (tmp_path / "slides.png").stat().st_size > 10_000
+
+
+def _widest_figure_lab():
+    """The English lab whose widest stored figure is widest."""
+    from .test_projector import _png_width, _stored_figures
+    widths = {}
+    for path, _, png in _stored_figures():
+        if path.parent.name == "notebooks":
+            widths[path.name] = max(widths.get(path.name, 0), _png_width(png))
+    return max(widths, key=widths.get)
+
+
+def test_figures_show_at_their_own_size_on_a_1024_px_projector(tmp_path):
+    """Issue 31: figures read on a projector. JupyterLab at 1,024 x 768 opens the lab with the
+    widest stored figure; with the file browser closed (Ctrl+B, as a teacher projects) the
+    output area is at least labutils.viz.style.OUTPUT_PX wide, and every figure is drawn at its
+    own width, not scaled down (tests/test_projector.py keeps each stored figure within it)."""
+    from playwright.sync_api import expect, sync_playwright
+
+    from labutils.viz import style
+
+    lab = _widest_figure_lab()
+    with serve_lab(tmp_path, os.path.join(ROOT, "notebooks", lab), lab) as (base, token, _), \
+            sync_playwright() as pw:
+        context = pw.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"), executable_path=CHROMIUM, headless=True,
+            args=["--no-sandbox", "--disable-background-networking", "--disable-gpu",
+                  "--disable-dev-shm-usage"],
+            viewport={"width": 1024, "height": 768})
+        page = context.pages[0] if context.pages else context.new_page()
+        try:
+            page.set_default_timeout(60_000)
+            page.goto(f"{base}/lab/tree/{lab}?token={token}", timeout=120_000)
+            expect(page.locator(".jp-Notebook")).to_be_visible(timeout=120_000)
+            left = page.locator("#jp-left-stack")
+            for _ in range(3):   # a key pressed while the page still settles can be lost
+                if not left.is_visible():
+                    break
+                page.locator(".jp-Notebook").click()
+                page.keyboard.press("Control+b")
+                page.wait_for_timeout(1000)
+            expect(left).to_be_hidden()
+            images = page.locator(".jp-OutputArea-output img")
+            expect(images.first).to_be_visible()
+            page.wait_for_function("[...document.querySelectorAll('.jp-OutputArea-output img')]"
+                                   ".every(i => i.complete && i.naturalWidth > 0)")
+            area = page.locator(".jp-OutputArea-output").evaluate_all(
+                "outs => Math.min(...outs.map(o => o.clientWidth))")
+            shown = images.evaluate_all(
+                "imgs => imgs.map(i => [i.naturalWidth, i.getBoundingClientRect().width])")
+            page.screenshot(path=str(tmp_path / "projector.png"))
+        finally:
+            context.close()
+    assert area >= style.OUTPUT_PX, f"the output area is {area} px at 1,024 px"
+    assert shown and all(abs(natural - width) < 1 for natural, width in shown), shown

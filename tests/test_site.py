@@ -430,13 +430,15 @@ def test_the_guide_quotes_what_each_committed_run_printed():
 def test_the_quote_check_finds_a_stale_figure_and_passes_a_named_parameter(tmp_path):
     tool = _quotes_tool()
     nb = {"cells": [{"cell_type": "code", "source": "x = 0.25",
-                     "outputs": [{"output_type": "stream", "text": "speedup 1.22x (1.07-1.47)"}]}]}
+                     "outputs": [{"output_type": "stream",
+                                  "text": "speedup 1.22x (1.07-1.47), moved 3.9e-03"}]}]}
     notebook = tmp_path / "lab.ipynb"
     notebook.write_text(json.dumps(nb), encoding="utf-8")
     page = tmp_path / "lab.md"
-    page.write_text("- The committed run printed 1.22x (95% CI 1.07-1.48), margin 0.25.\n"
+    page.write_text("- The committed run printed 1.22x (95% CI 1.07-1.48), margin 0.25,\n"
+                    "  moved 3.9e-3, then 1.21x.\n"
                     "- Elsewhere 9.99.\n", encoding="utf-8")
-    assert tool.stale_quotes(page, notebook, "en") == ["1.48"]
+    assert tool.stale_quotes(page, notebook, "en") == ["1.48", "1.21"]
     page.write_text("- 已提交的运行打印出 1.23 倍。 <!-- not from the run: 1.23 -->\n",
                     encoding="utf-8")
     assert tool.stale_quotes(page, notebook, "zh") == []

@@ -23,7 +23,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 MARKERS = {"en": re.compile(r"committed (run|table)"), "zh": re.compile(r"提交的(那次)?运行")}
-NUMBER = re.compile(r"(?<![\w.])\d+\.\d+(?![\w.])")  # signs aside: − or -
+# a decimal, in e-notation too, or a ratio's "1.75x"; signs aside (− or -)
+NUMBER = re.compile(r"(?<![\w.])\d+\.\d+(?:e[-+]?\d+)?(?=x\b|(?![\w.]))")
+
+
+def numbers(text: str) -> list[str]:
+    """The decimals of ``text``, e-notation written one way: 1.4e-04 and 1.4e-4 are one number."""
+    return [re.sub(r"e([-+]?)0*(\d)", r"e\1\2", n) for n in NUMBER.findall(text)]
 NOT_FROM_RUN = re.compile(r"<!--\s*not from the run:([^>]*)-->")
 
 
@@ -46,14 +52,14 @@ def stale_quotes(page: Path, notebook: Path, lang: str) -> list[str]:
     not print."""
     text = page.read_text(encoding="utf-8")
     outputs, sources = notebook_texts(notebook)
-    allowed = {n for group in NOT_FROM_RUN.findall(text) for n in group.split()}
+    allowed = {n for group in NOT_FROM_RUN.findall(text) for n in numbers(group)}
     stale = []
-    printed = set(NUMBER.findall(outputs)) | set(NUMBER.findall(sources))
+    printed = set(numbers(outputs)) | set(numbers(sources))
     # a block (blank lines around it: a paragraph, or a list under a bold line that names the
     # run) that names the committed run: its numbers are the run's
     for block in re.split(r"\n\s*\n", text):
         if MARKERS[lang].search(block):
-            stale += [n for n in NUMBER.findall(block) if n not in printed | allowed]
+            stale += [n for n in numbers(block) if n not in printed | allowed]
     return stale
 
 

@@ -2,6 +2,7 @@
 async SGD runs, a pipeline sweep, a memory breakdown, emulated-link speedups."""
 from labutils.core.memory import TERMS
 from labutils.core.i18n import label, tr
+from labutils.viz.style import MIN_POINTS, WIDTH, fit_width
 
 
 def _draw_ranks(ax, values, title):
@@ -10,14 +11,16 @@ def _draw_ranks(ax, values, title):
     grid = np.full((len(values), width), np.nan)
     for r, v in enumerate(values):
         grid[r, :len(v)] = v
-    ax.imshow(grid, cmap="viridis", vmin=0, vmax=np.nanmax(np.abs(grid)) if np.any(
+    image = ax.imshow(grid, cmap="viridis", vmin=0, vmax=np.nanmax(np.abs(grid)) if np.any(
         np.isfinite(grid)) else 1, aspect="auto")
     for r, v in enumerate(values):
-        for i, val in enumerate(v):
-            ax.text(i, r, f"{val:g}", ha="center", va="center", color="white", fontsize=8)
-    ax.set_yticks(range(len(values)), [f"rank {r}" for r in range(len(values))], fontsize=7)
+        for i, val in enumerate(v):   # dark text on viridis' light end, white on its dark end
+            light = image.norm(val) > 0.6
+            ax.text(i, r, f"{val:g}", ha="center", va="center", fontsize=MIN_POINTS,
+                    color="black" if light else "white")
+    ax.set_yticks(range(len(values)), [f"rank {r}" for r in range(len(values))])
     ax.set_xticks([])
-    ax.set_title(title, fontsize=9)
+    ax.set_title(title, fontsize="medium")
 
 
 def plot_collectives(results, columns=2):
@@ -25,7 +28,7 @@ def plot_collectives(results, columns=2):
     import matplotlib.pyplot as plt
     names = list(results)
     rows = -(-len(names) // columns)
-    fig, axes = plt.subplots(rows, 2 * columns, figsize=(3.2 * columns * 2, 1.7 * rows),
+    fig, axes = plt.subplots(rows, 2 * columns, figsize=fit_width(3.2 * columns * 2, 1.9 * rows),
                              squeeze=False)
     for k, name in enumerate(names):
         r, c = divmod(k, columns)
@@ -54,7 +57,7 @@ def plot_all_reduce_times(sizes, stats, world_size, fits=None, ax=None, title=No
     ax.set_xscale("log", base=2), ax.set_yscale("log")
     ax.set_xlabel(tr("message size (bytes)")), ax.set_ylabel(tr("all-reduce time (s)"))
     ax.set_title(title or tr("all-reduce on {world_size} ranks", world_size=world_size))
-    ax.legend(fontsize=8)
+    ax.legend()
     return ax
 
 
@@ -62,7 +65,7 @@ def plot_runs(runs, axes=None):
     """Loss against examples processed (left) and against wall time (right)."""
     import matplotlib.pyplot as plt
     if axes is None:
-        _, axes = plt.subplots(1, 2, figsize=(10, 3.4))
+        _, axes = plt.subplots(1, 2, figsize=(WIDTH, 3.4))
     for run in runs:
         axes[0].plot(run["examples"], run["loss"], marker=".", label=run["name"])
         if "time" in run:
@@ -70,14 +73,14 @@ def plot_runs(runs, axes=None):
     axes[0].set_xlabel(tr("examples processed (all workers)"))
     axes[1].set_xlabel(tr("wall time (s)"))
     for ax in axes:
-        ax.set_ylabel(tr("training loss")), ax.legend(fontsize=8)
+        ax.set_ylabel(tr("training loss")), ax.legend()
     return axes
 
 
 def plot_sweep(rows, title=""):
     """Two panels: bubble and throughput against m, measured (dots) vs predicted (line)."""
     import matplotlib.pyplot as plt
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.2))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(WIDTH, 3.2))
     ms = [r["m"] for r in rows]
     for ax, key, name in ((ax1, "bubble", tr("bubble fraction")),
                           (ax2, "throughput", tr("throughput (samples/s)"))):
@@ -86,7 +89,7 @@ def plot_sweep(rows, title=""):
         ax.set_xscale("log", base=2)
         ax.set_xlabel(tr("micro-batches m"))
         ax.set_ylabel(name)
-        ax.legend(fontsize=8)
+        ax.legend()
     fig.suptitle(title)
     fig.tight_layout()
     return fig
@@ -99,7 +102,7 @@ def plot_memory(estimates, measured=None, ax=None, unit=2 ** 20, unit_name="MiB"
     """
     import matplotlib.pyplot as plt
     if ax is None:
-        _, ax = plt.subplots(figsize=(1.6 + 1.4 * len(estimates), 3.2))
+        _, ax = plt.subplots(figsize=fit_width(1.6 + 1.4 * len(estimates), 3.2))
     labels = list(estimates)
     bottom = [0.0] * len(labels)
     for term in TERMS:
@@ -111,7 +114,7 @@ def plot_memory(estimates, measured=None, ax=None, unit=2 ** 20, unit_name="MiB"
                    if k in measured], color="black", marker="_", s=900, linewidths=2.5,
                    label=tr("measured peak"), zorder=3)
     ax.set_ylabel(unit_name)
-    ax.legend(fontsize=8)
+    ax.legend()
     return ax
 
 
@@ -141,5 +144,5 @@ def plot_emulated_ddp(rows, ax=None, world_size=2):
     ax.set(xlabel=tr("emulated link"), ylabel=tr("speedup over 1 rank"),
            title=tr("DDP on emulated links: measured (points) and cost model (lines)"),
            ylim=(0, world_size * 1.1))
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(loc="lower right")
     return ax

@@ -4,6 +4,7 @@ tp rank, so that no two cross the same ranks), one rank's groups in bold."""
 from __future__ import annotations
 
 from labutils.core.i18n import tr
+from labutils.viz.style import fit_width
 GROUP_COLORS = {"tp": "tab:red", "dp": "tab:blue", "pp": "tab:green", "cp": "tab:purple"}
 
 
@@ -29,7 +30,8 @@ def plot_mesh(dims, rank=None, ax=None):
     groups of ``rank`` (if given) are drawn thick and the rank itself filled."""
     import matplotlib.pyplot as plt
     if ax is None:
-        _, ax = plt.subplots(figsize=(2.2 * dims.pp * (dims.tp + 1), 1.3 * dims.dp * dims.cp + 1.4),
+        _, ax = plt.subplots(figsize=fit_width(2.2 * dims.pp * (dims.tp + 1),
+                                             1.3 * dims.dp * dims.cp + 1.4),
                              layout="constrained")
     where = {r: _place(dims.coords(r), dims) for r in range(dims.world_size)}
     mine = dims.groups(rank) if rank is not None else {}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from labutils.core.i18n import tr
 from labutils.core.timing import Stats
+from labutils.viz.style import MIN_POINTS
 
 
 def _mid_err(values, scale=1.0):
@@ -44,7 +45,7 @@ def plot_bars(values, ax=None, ylabel="", title="", scale=1.0, annotate="{:.3g}"
     if annotate:   # the median, above the whisker so that the two never overlap
         for i, m in enumerate(mids):
             ax.annotate(annotate.format(m), (i, m + err[1][i]), ha="center", va="bottom",
-                        fontsize=8, xytext=(0, 2), textcoords="offset points")
+                        fontsize=MIN_POINTS, xytext=(0, 2), textcoords="offset points")
     ax.set_ylabel(ylabel)
     if title:
         ax.set_title(title)
@@ -71,7 +72,7 @@ def plot_lines(x, series, ax=None, xlabel="", ylabel="", title="", scale=1.0, lo
     ax.set_ylabel(ylabel)
     if title:
         ax.set_title(title)
-    ax.legend(fontsize=8)
+    ax.legend()
     ax.grid(alpha=0.3)
     return ax
 

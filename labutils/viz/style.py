@@ -1,4 +1,12 @@
-"""Matplotlib settings the labs share: a Chinese font behind DejaVu Sans for the Chinese edition.
+"""Matplotlib settings the labs share: figures sized for a projector, and a Chinese font behind
+DejaVu Sans for the Chinese edition.
+
+A classroom projector shows 1,024 px. JupyterLab's output area is then 844 px wide with the file
+browser closed (Ctrl+B; measured in Chromium by tests/test_browser.py) and 592 px with it open.
+A figure at most ``WIDTH`` inches wide at 100 dpi is shown at its own size, so its text keeps the
+point sizes of ``PROJECTOR``: ticks and legends of 10 pt are 14 px on the screen. A wider figure
+is scaled down to the output area, and its text with it (a 13-inch figure's 8-pt legend drew
+5.4 pt). Every stored figure's width is checked against ``OUTPUT_PX`` (tests/test_i18n.py).
 
 DejaVu Sans, matplotlib's default, has no Chinese glyphs. Matplotlib (3.6 and later) falls back
 glyph by glyph along ``font.family`` when it lists several families, so the Chinese edition's
@@ -12,6 +20,29 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+
+OUTPUT_PX = 844   # JupyterLab's output area at 1,024 px, file browser closed
+WIDTH = 8.2       # inches: 820 px at 100 dpi, room for the tight bounding box's margin
+MIN_POINTS = 9    # the smallest text a figure draws (labels inside bars); the rest is larger
+PROJECTOR = {"figure.dpi": 100, "savefig.dpi": "figure", "figure.figsize": (7.0, 3.4),
+             "font.size": 11, "axes.titlesize": 12, "axes.labelsize": 11,
+             "xtick.labelsize": 10, "ytick.labelsize": 10, "legend.fontsize": 10,
+             "legend.title_fontsize": 10, "figure.titlesize": 12}
+
+
+def use_projector_style():
+    """Sizes that read on a projector (``PROJECTOR``); figures the labs make stay within
+    ``WIDTH`` inches. Called when labutils is imported in a notebook's kernel."""
+    from matplotlib import rcParams
+    rcParams.update(PROJECTOR)
+
+
+def fit_width(width, height):
+    """``(width, height)`` scaled down, aspect kept, to at most ``WIDTH`` inches wide: for
+    figures whose natural size grows with what they draw (a mesh, a grid of collectives)."""
+    scale = min(1.0, WIDTH / width)
+    return width * scale, height * scale
+
 
 # Linux (WenQuanYi: `make doctor` suggests it; Noto / Source Han), macOS, Windows
 CHINESE_FONTS = ("WenQuanYi Micro Hei", "Noto Sans CJK SC", "Source Han Sans SC",

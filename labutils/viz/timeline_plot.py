@@ -5,6 +5,7 @@ import math
 
 from labutils.core.i18n import N_, label, tr
 from labutils.core.timeline import normalise
+from labutils.viz.style import MIN_POINTS, WIDTH
 
 # the names timelines draw in their legends (span names stay the English keys; label() shows them)
 LEGEND_NAMES = (N_("forward"), N_("backward"), N_("compute"), N_("allreduce"), N_("comm"),
@@ -30,7 +31,7 @@ def plot_timeline(spans, ax=None, colors=None, title="", unit="ms"):
     scale = {"s": 1.0, "ms": 1e3, "us": 1e6}[unit]
     ranks = sorted({s.rank for s in spans})
     if ax is None:   # constrained layout keeps the outside legend inside the figure
-        _, ax = plt.subplots(figsize=(10, 0.6 * max(len(ranks), 1) + 1.2), layout="constrained")
+        _, ax = plt.subplots(figsize=(WIDTH, 0.6 * max(len(ranks), 1) + 1.2), layout="constrained")
     palette = iter(plt.rcParams["axes.prop_cycle"].by_key()["color"])
     by_name = {}
     for s in spans:
@@ -132,7 +133,7 @@ def _fit_labels_class():
     return FitLabels
 
 
-def _label_bars(ax, labelled, fontsize=8):
+def _label_bars(ax, labelled, fontsize=MIN_POINTS):
     """Centre each ``(bar, label)``'s label in its bar, drawn only when it fits (FitLabels)."""
     from matplotlib.colors import to_rgb
     from matplotlib.text import Text
@@ -150,7 +151,7 @@ def _label_bars(ax, labelled, fontsize=8):
     return layer
 
 
-def _legend_outside(ax, colors, fontsize=9):
+def _legend_outside(ax, colors, fontsize=None):
     """Legend right of the axes, one entry a line: it never covers a bar."""
     if not colors:
         return None
@@ -185,7 +186,7 @@ def plot_overlap(spans, ax=None, title=""):
     spans = normalise(spans)
     ranks = sorted({s.rank for s in spans})
     if ax is None:   # constrained layout keeps the outside legend inside the figure
-        _, ax = plt.subplots(figsize=(10, 1.1 * len(ranks) + 1), layout="constrained")
+        _, ax = plt.subplots(figsize=(WIDTH, 1.1 * len(ranks) + 1), layout="constrained")
     labelled = []
     for s in spans:
         if s.name == "queue":
@@ -196,7 +197,7 @@ def plot_overlap(spans, ax=None, title=""):
                       linewidth=0.3).patches[0]
         if s.label and s.name in ("allreduce", "transfer"):
             labelled.append((bar, s.label))
-    _label_bars(ax, labelled, fontsize=7)
+    _label_bars(ax, labelled)
     _lane_axis(ax, [2 * r + k for r in ranks for k in (0, 1)],
                [f"rank {r} {label(what)}" for r in ranks for what in ("compute", "comm")])
     names = [n for n in ("forward", "backward", "wait") + COMM_NAMES
