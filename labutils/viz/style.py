@@ -5,8 +5,8 @@ A classroom projector shows 1,024 px. JupyterLab's output area is then 844 px wi
 browser closed (Ctrl+B; measured in Chromium by tests/test_browser.py) and 592 px with it open.
 A figure at most ``WIDTH`` inches wide at 100 dpi is shown at its own size, so its text keeps the
 point sizes of ``PROJECTOR``: ticks and legends of 10 pt are 14 px on the screen. A wider figure
-is scaled down to the output area, and its text with it (a 13-inch figure's 8-pt legend drew
-5.4 pt). Every stored figure's width is checked against ``OUTPUT_PX`` (tests/test_i18n.py).
+is scaled down to the output area, and its text with it (a 1,331 px figure's 8-pt legend
+showed at 5 pt). Every stored figure is checked against ``OUTPUT_PX`` (tests/test_projector.py).
 
 DejaVu Sans, matplotlib's default, has no Chinese glyphs. Matplotlib (3.6 and later) falls back
 glyph by glyph along ``font.family`` when it lists several families, so the Chinese edition's

@@ -74,12 +74,12 @@ TEACHERS = {
     "en": "\n## For teachers\n\nEach lab has a page in the [teacher's guide]({guide}) (lesson "
           "plan, what to project, results to expect, discussion questions, exercise solutions) "
           "and a printable [handout]({handout}). To project a lab at 1,024 px, close "
-          "JupyterLab's file browser (Ctrl+B): the figures, at most 820 px wide, then show at "
-          "their own size, ticks and legends at 10 pt; the RISE button in the notebook's "
+          "JupyterLab's file browser (Ctrl+B): every figure then fits the 844 px output area "
+          "at its own size, ticks and legends at 10 pt; the RISE button in the notebook's "
           "toolbar presents the lab as slides.\n",
     "zh": "\n## 教师\n\n每个实验在[教师指南]({guide})中有一页（课程安排、投影内容、预期结果、讨论题、"
           "练习答案），并有可打印的[讲义]({handout})。在 1024 像素的投影上讲课时，按 Ctrl+B 收起 "
-          "JupyterLab 的文件浏览器：图最宽 820 像素，按原尺寸显示，刻度和图例为 10 磅；笔记本"
+          "JupyterLab 的文件浏览器：每张图都能按原尺寸放进 844 像素宽的输出区，刻度和图例为 10 磅；笔记本"
           "工具栏上的 RISE 按钮把实验放成幻灯片。\n",
 }
 
