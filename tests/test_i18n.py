@@ -376,8 +376,9 @@ def test_every_figure_function_is_drawn_here():
 
 # the figures whose own text (axis labels, legends, the ideal line) comes from labutils; the
 # others draw only what the test passes them ("t", "s", "x")
-DRAWS_OWN_TEXT = {"plot_all_reduce_times", "plot_runs", "plot_sweep", "plot_memory",
-                  "plot_emulated_ddp", "plot_scaling", "plot_timeline", "plot_overlap"}
+DRAWS_OWN_TEXT = {"plot_collectives", "plot_all_reduce_times", "plot_runs", "plot_sweep",
+                  "plot_memory", "plot_emulated_ddp", "plot_scaling", "plot_timeline",
+                  "plot_overlap"}
 
 
 def _drawn_texts(name):

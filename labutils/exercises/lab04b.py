@@ -1,5 +1,7 @@
 """Exercise checkers of lab 04b: gradient accumulation under no_sync, over micro-batches of
 different sizes. Registered in ``labutils.course``; notebooks call them as ``lu.check_<name>``."""
+import re
+
 import torch
 from torch import nn
 
@@ -83,6 +85,9 @@ def check_no_sync_accumulation(learner_fn, *, timeout=60.0):
     result = run_check("no_sync_accumulation", learner_fn, _no_sync_harness, cases,
                        timeout=timeout)
     if not result.passed and repr(_EQUAL_WEIGHTS) in result.message:
-        where = result.message.split(": rank ", 1)[0]
-        return type(result)(False, f"{where}: {_equal_weights_message()}", result.case)
+        # the failing case, then the rank's difference: ": rank 0, ..." ("：rank 0，..." in
+        # Chinese), which the diagnosis replaces
+        rank = re.search(r"([:：] ?)rank \d", result.message)
+        where, sep = result.message[:rank.start()], rank.group(1)
+        return type(result)(False, f"{where}{sep}{_equal_weights_message()}", result.case)
     return result

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from labutils.core.commcount import count_collectives
+from labutils.core.i18n import N_
 from labutils.core.launcher import launch
 from labutils.core.timeline import Timeline
 from labutils.experiments.composed_formula import (  # noqa: F401 (the lab reads them here)
@@ -63,6 +64,11 @@ def make_batch(batch=8, model_kwargs=None, seed=0):
 
 
 # ---- observing one step ----------------------------------------------------------------------
+
+# the span names "<dim> all-reduce", marked for lu.label (a timeline's legend shows them)
+SPAN_NAMES = (N_("dp all-reduce"), N_("tp all-reduce"), N_("cp all-reduce"),
+              N_("pp all-reduce"))
+
 
 def _dim_of(op, group_name, names, cp_group=None):
     """The mesh dimension of a call: point-to-point calls are filed by their group, cp for the

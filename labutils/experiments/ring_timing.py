@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from labutils.core.env import cpu_count
-from labutils.core.i18n import tr
+from labutils.core.i18n import N_, tr
 from labutils.core.launcher import launch
 from labutils.core.rank import progress
 from labutils.core.timeline import Span
@@ -76,7 +76,7 @@ VARIANTS = {"contiguous": ("contiguous", True, None), "zigzag": ("zigzag", True,
 
 def _spans(trace, rank):
     """The trace's computes and K/V waits as timeline spans."""
-    names = {"compute": "compute block", "wait K/V": "wait for K/V"}
+    names = {"compute": N_("compute block"), "wait K/V": N_("wait for K/V")}
     return [Span(rank, names[e.what], e.start, e.end, e.label) for e in trace.events
             if e.what in names]
 

@@ -33,8 +33,8 @@ def plot_collectives(results, columns=2):
     for k, name in enumerate(names):
         r, c = divmod(k, columns)
         before, after = results[name]
-        _draw_ranks(axes[r][2 * c], before, f"{name}: before")
-        _draw_ranks(axes[r][2 * c + 1], after, f"{name}: after")
+        _draw_ranks(axes[r][2 * c], before, tr("{name}: before", name=name))
+        _draw_ranks(axes[r][2 * c + 1], after, tr("{name}: after", name=name))
     for k in range(len(names), rows * columns):
         r, c = divmod(k, columns)
         axes[r][2 * c].axis("off"), axes[r][2 * c + 1].axis("off")
@@ -44,20 +44,25 @@ def plot_collectives(results, columns=2):
 
 def plot_all_reduce_times(sizes, stats, world_size, fits=None, ax=None, title=None):
     """Time (median, min-max bars) against bytes on log axes; ``fits``: {label: seconds};
-    ``title`` replaces "all-reduce on p ranks" (say "emulated link" when it was)."""
+    ``title`` replaces "all-reduce on p ranks" (say "emulated link" when it was). The legend
+    sits below the axes, in two columns: inside, it covered the points it names."""
     import matplotlib.pyplot as plt
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 3.6))
+    colors = {}
     for impl, st in stats.items():
         med = [s.median for s in st]
         err = [[m - s.min for m, s in zip(med, st)], [s.max - m for m, s in zip(med, st)]]
-        ax.errorbar(sizes, med, yerr=err, marker="o", capsize=3, label=tr("{impl} (measured)", impl=impl))
-    for label, secs in (fits or {}).items():
-        ax.plot(sizes, secs, "--", label=label)
+        drawn = ax.errorbar(sizes, med, yerr=err, marker="o", capsize=3,
+                            label=tr("{impl} (measured)", impl=impl))
+        colors[impl] = drawn.lines[0].get_color()
+    for label, secs in (fits or {}).items():   # a fit named after an algorithm: its colour
+        color = next((c for impl, c in colors.items() if label.startswith(impl)), None)
+        ax.plot(sizes, secs, "--", color=color, label=label)
     ax.set_xscale("log", base=2), ax.set_yscale("log")
     ax.set_xlabel(tr("message size (bytes)")), ax.set_ylabel(tr("all-reduce time (s)"))
     ax.set_title(title or tr("all-reduce on {world_size} ranks", world_size=world_size))
-    ax.legend()
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2, frameon=False)
     return ax
 
 

@@ -46,6 +46,9 @@ def plot_bars(values, ax=None, ylabel="", title="", scale=1.0, annotate="{:.3g}"
         for i, m in enumerate(mids):
             ax.annotate(annotate.format(m), (i, m + err[1][i]), ha="center", va="bottom",
                         fontsize=MIN_POINTS, xytext=(0, 2), textcoords="offset points")
+        top = max((m + e for m, e in zip(mids, err[1])), default=0.0)
+        if top > 0:   # room above the highest label: it never touches the frame
+            ax.set_ylim(top=max(ax.get_ylim()[1], 1.15 * top))
     ax.set_ylabel(ylabel)
     if title:
         ax.set_title(title)
