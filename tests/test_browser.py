@@ -189,6 +189,15 @@ def _kill_left(pids):
     psutil.wait_procs(procs, timeout=10)
 
 
+def chromium(pw, tmp_path, width, height):
+    """Debian's headless Chromium in a fresh profile under ``tmp_path``: its context."""
+    return pw.chromium.launch_persistent_context(
+        str(tmp_path / "chromium-profile"), executable_path=CHROMIUM, headless=True,
+        args=["--no-sandbox", "--disable-background-networking", "--disable-gpu",
+              "--disable-dev-shm-usage"],
+        viewport={"width": width, "height": height})
+
+
 def run_all_cells(page, expect, tries=3):
     """Run > Run All Cells once the kernel is idle, until the first code cell has run. (While
     JupyterLab is still settling its kernel a click can be lost; a kernel dialog is answered.)"""
@@ -237,11 +246,7 @@ def test_panel_runs_in_jupyterlab_in_chromium(jupyter_lab, tmp_path):
 
     base, token, server = jupyter_lab
     with sync_playwright() as pw:
-        context = pw.chromium.launch_persistent_context(
-            str(tmp_path / "chromium-profile"), executable_path=CHROMIUM, headless=True,
-            args=["--no-sandbox", "--disable-background-networking", "--disable-gpu",
-                  "--disable-dev-shm-usage"],
-            viewport={"width": 1280, "height": 1000})
+        context = chromium(pw, tmp_path, 1280, 1000)
         try:
             page = context.pages[0] if context.pages else context.new_page()
             page.set_default_timeout(60_000)
@@ -336,11 +341,7 @@ def test_a_lab_presents_as_slides_with_rise(tmp_path):
         title = "".join(json.load(f)["cells"][0]["source"]).splitlines()[0].lstrip("# ")
     with serve_lab(tmp_path, os.path.join(ROOT, "notebooks", lab), lab) as (base, token, _), \
             sync_playwright() as pw:
-        context = pw.chromium.launch_persistent_context(
-            str(tmp_path / "chromium-profile"), executable_path=CHROMIUM, headless=True,
-            args=["--no-sandbox", "--disable-background-networking", "--disable-gpu",
-                  "--disable-dev-shm-usage"],
-            viewport={"width": 1024, "height": 768})  # a projector
+        context = chromium(pw, tmp_path, 1024, 768)  # a projector
         page = context.pages[0] if context.pages else context.new_page()
         try:
             page.set_default_timeout(60_000)
@@ -387,11 +388,7 @@ def test_figures_show_at_their_own_size_on_a_1024_px_projector(tmp_path):
     lab = _widest_figure_lab()
     with serve_lab(tmp_path, os.path.join(ROOT, "notebooks", lab), lab) as (base, token, _), \
             sync_playwright() as pw:
-        context = pw.chromium.launch_persistent_context(
-            str(tmp_path / "chromium-profile"), executable_path=CHROMIUM, headless=True,
-            args=["--no-sandbox", "--disable-background-networking", "--disable-gpu",
-                  "--disable-dev-shm-usage"],
-            viewport={"width": 1024, "height": 768})
+        context = chromium(pw, tmp_path, 1024, 768)
         page = context.pages[0] if context.pages else context.new_page()
         try:
             page.set_default_timeout(60_000)

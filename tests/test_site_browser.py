@@ -156,29 +156,27 @@ def test_language_switch_goes_both_ways_and_chinese_is_drawn(page, site_url, tmp
     assert page.blocked == [], f"the page tried to load from the internet: {page.blocked}"
 
 
-def test_search_finds_a_lab_by_its_own_word(page, site_url):
-    page.goto(site_url + "index.html", wait_until="load")
+def search(page, url, word):
+    """Type ``word`` into the search box of the page at ``url``: the results' links."""
+    page.goto(url, wait_until="load")
     query = page.locator("input.md-search__input")
     if not query.is_visible():  # narrow screens: the search opens from the header's button
         page.locator('label.md-header__button[for="__search"]').first.click()
-    query.fill("Hogwild")
-    result = page.locator(".md-search-result__item a").first
-    result.wait_for(state="visible")
-    hrefs = page.locator(".md-search-result__item a").evaluate_all(
+    query.fill(word)
+    page.locator(".md-search-result__item a").first.wait_for(state="visible")
+    return page.locator(".md-search-result__item a").evaluate_all(
         "links => links.map(a => a.getAttribute('href'))")
+
+
+def test_search_finds_a_lab_by_its_own_word(page, site_url):
+    hrefs = search(page, site_url + "index.html", "Hogwild")
     assert any("03b_sync_async_sgd" in href for href in hrefs), hrefs
     assert page.blocked == [], f"the page tried to load from the internet: {page.blocked}"
 
 
 def test_search_finds_a_chinese_word_inside_a_sentence(page, site_url):
-    page.goto(site_url + "zh/index.html", wait_until="load")
-    query = page.locator("input.md-search__input")
-    if not query.is_visible():
-        page.locator('label.md-header__button[for="__search"]').first.click()
-    query.fill("气泡")  # "bubble": inside sentences, never set off by spaces
-    page.locator(".md-search-result__item a").first.wait_for(state="visible")
-    hrefs = page.locator(".md-search-result__item a").evaluate_all(
-        "links => links.map(a => a.getAttribute('href'))")
+    # "bubble": inside sentences, never set off by spaces
+    hrefs = search(page, site_url + "zh/index.html", "气泡")
     assert any("06a2_pipeline_schedules" in href for href in hrefs), hrefs
 
 
